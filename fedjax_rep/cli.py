@@ -1,0 +1,57 @@
+"""The `fedjax-rep` command: `list` recipes and algorithms, `run` a recipe."""
+
+import argparse
+import sys
+
+DEFAULT_RECIPE = "fedrep-fig3"
+
+
+def _list() -> None:
+  from fedjax_rep.linear.registry import ALGORITHMS
+  from fedjax_rep.recipes import RECIPES
+  print("recipes:")
+  for name, recipe in RECIPES.items():
+    print(f"  {name:<16} {recipe.summary}")
+  print("algorithms:")
+  for name, summary in ALGORITHMS.items():
+    print(f"  {name:<16} {summary}")
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="fedjax-rep", description=__doc__)
+  commands = parser.add_subparsers(dest="command", required=True)
+  commands.add_parser("list", help="list recipes and algorithms, one line each")
+  run = commands.add_parser("run", help="run a recipe and write metrics.csv, config.json, PNG")
+  run.add_argument("recipe", nargs="?", default=DEFAULT_RECIPE,
+                   help=f"recipe name (default: {DEFAULT_RECIPE}); see `fedjax-rep list`")
+  run.add_argument("--quick", action="store_true", help="shrunk version that runs in seconds")
+  run.add_argument("--seeds", type=int, default=None, help="number of seeds (run as one vmap)")
+  run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a configuration field (repeatable)")
+  run.add_argument("--out", default=None, help="output directory (default runs/RECIPE-<time>); "
+                   "an existing one with the same configuration is resumed")
+  run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+  return parser
+
+
+def main(argv=None) -> int:
+  args = _parser().parse_args(argv)
+  if args.command == "list":
+    _list()
+    return 0
+  from fedjax_rep.recipes import config as cfg
+  from fedjax_rep.recipes import registry
+  try:
+    registry.resolve(args.recipe, quick=args.quick, overrides=args.overrides)
+    out = registry.run_to_dir(args.recipe, quick=args.quick, seeds=args.seeds,
+                              overrides=args.overrides, out=args.out,
+                              progress=not args.no_progress)
+  except (cfg.ConfigError, FileExistsError) as error:
+    print(f"fedjax-rep: error: {error}", file=sys.stderr)
+    return 2
+  print(f"wrote {out}/metrics.csv, config.json, {args.recipe}.png")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

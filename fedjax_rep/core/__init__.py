@@ -1,0 +1,1 @@
+"""The round engine: cohorts, per-client pytrees, the chunked scan loop."""

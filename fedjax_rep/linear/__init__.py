@@ -1,0 +1,1 @@
+"""Linear shared-representation problems and algorithms."""

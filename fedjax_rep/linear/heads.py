@@ -1,0 +1,96 @@
+"""Least-squares heads: batched small normal equations, and head gradient steps.
+
+Every function takes arrays with any leading batch axes (e.g. [clients, ...]); they are
+also safe to `vmap`. For k <= UNROLL_MAX the k x k solve is an unrolled Cholesky written in
+elementwise ops, which XLA vectorises across the batch: on CPU it is ~20x faster than a
+batched LAPACK solve of tiny matrices.
+"""
+
+import jax
+import jax.numpy as jnp
+
+UNROLL_MAX = 8
+RIDGE = 1e-6
+
+
+def gram(Z: jax.Array) -> jax.Array:
+  """Z^T Z [..., k, k] of Z [..., m, k], as k(k+1)/2 fused products (faster than a batched dot)."""
+  k = Z.shape[-1]
+  if k > UNROLL_MAX:
+    return jnp.einsum("...mk,...ml->...kl", Z, Z)
+  cols = [Z[..., a] for a in range(k)]
+  entries = {}
+  for a in range(k):
+    for b in range(a, k):
+      entries[a, b] = entries[b, a] = jnp.sum(cols[a] * cols[b], axis=-1)
+  return jnp.stack([jnp.stack([entries[a, b] for b in range(k)], -1) for a in range(k)], -2)
+
+
+def _cholesky_solve_unrolled(A: jax.Array, b: jax.Array) -> jax.Array:
+  k = A.shape[-1]
+  L = {}
+  for j in range(k):
+    L[j, j] = jnp.sqrt(A[..., j, j] - sum(L[j, p] ** 2 for p in range(j)))
+    for i in range(j + 1, k):
+      L[i, j] = (A[..., i, j] - sum(L[i, p] * L[j, p] for p in range(j))) / L[j, j]
+  z = {}
+  for i in range(k):
+    z[i] = (b[..., i] - sum(L[i, p] * z[p] for p in range(i))) / L[i, i]
+  x = {}
+  for i in reversed(range(k)):
+    x[i] = (z[i] - sum(L[p, i] * x[p] for p in range(i + 1, k))) / L[i, i]
+  return jnp.stack([x[i] for i in range(k)], -1)
+
+
+def solve_spd(A: jax.Array, b: jax.Array) -> jax.Array:
+  """x [..., k] solving A x = b for symmetric positive definite A [..., k, k]."""
+  if A.shape[-1] <= UNROLL_MAX:
+    return _cholesky_solve_unrolled(A, b)
+  return jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(A), True), b[..., None])[..., 0]
+
+
+def _ridge(G: jax.Array, ridge: float) -> jax.Array:
+  k = G.shape[-1]
+  scale = jnp.trace(G, axis1=-2, axis2=-1) / k
+  return (ridge * scale + jnp.finfo(G.dtype).tiny)[..., None, None] * jnp.eye(k, dtype=G.dtype)
+
+
+def least_squares(Z: jax.Array, y: jax.Array, ridge: float = RIDGE) -> jax.Array:
+  """w [..., k] = argmin_w ||Z w - y||^2 for Z [..., m, k], y [..., m].
+
+  The rule for every shape (documented, never NaN):
+  - m >= k: normal equations (Z^T Z + lam I) w = Z^T y;
+  - m < k (underdetermined): the minimum-norm solution w = Z^T a, (Z Z^T + lam I) a = y;
+  with lam = ridge * trace(Gram) / size + tiny. For full-rank Z this is the least-squares
+  (or min-norm) solution up to a relative 1e-6; a singular Z gets the ridge solution, and an
+  all-zero Z gives w = 0.
+  """
+  m, k = Z.shape[-2:]
+  if m >= k:
+    G = gram(Z)
+    return solve_spd(G + _ridge(G, ridge), jnp.einsum("...mk,...m->...k", Z, y))
+  G = gram(jnp.swapaxes(Z, -1, -2))
+  a = solve_spd(G + _ridge(G, ridge), y)
+  return jnp.einsum("...mk,...m->...k", Z, a)
+
+
+def head_gd(Z: jax.Array, y: jax.Array, w: jax.Array, lr, steps: int) -> jax.Array:
+  """`steps` gradient steps on w of (1/2m) ||Z w - y||^2 from w [..., k] with step size lr."""
+  m = Z.shape[-2]
+
+  def step(_, w):
+    residual = jnp.einsum("...mk,...k->...m", Z, w) - y
+    return w - lr * jnp.einsum("...mk,...m->...k", Z, residual) / m
+
+  return jax.lax.fori_loop(0, steps, step, w)
+
+
+def fit_models(X: jax.Array, y: jax.Array, B: jax.Array | None = None) -> jax.Array:
+  """Personal models theta_i = B w_i [n, d], w_i the least-squares head on X_i B [m, k].
+
+  X [n, m, d], y [n, m]. B=None fits each client in R^d (local only, B = I_d).
+  """
+  if B is None:
+    return jax.vmap(least_squares)(X, y)
+  w = jax.vmap(least_squares)(jnp.einsum("nmd,dk->nmk", X, B), y)
+  return w @ B.T

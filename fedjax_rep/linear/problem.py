@@ -1,0 +1,156 @@
+"""Linear shared-representation problems and their client data.
+
+Ground truth (FedRep, Section 4): y = x^T B* w_i* + noise, with B* [d, k] orthonormal,
+||w_i*|| = sqrt(k), x ~ N(0, I_d), noise ~ N(0, noise_std^2).
+
+Two data modes, both with `num_clients`, `B_star` and `batch(key, clients)`:
+- `FixedData`: a fixed local dataset per client (X [n, m, d], y [n, m]); optional held-out
+  test samples. Also how users bring their own data (`client_data`).
+- `FreshData`: every time a client is sampled it draws m fresh samples, generated on the
+  device from the round key (FedRep Algorithm 2). Memory is O(cohort), not O(rounds).
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class LinearProblem:
+  """Ground truth: B_star [d, k] orthonormal, W_star [n, k] heads, label noise std."""
+  B_star: jax.Array
+  W_star: jax.Array
+  noise_std: jax.Array
+
+  @property
+  def num_clients(self) -> int:
+    return self.W_star.shape[0]
+
+
+def random_heads(key: jax.Array, num_clients: int, rep_dim: int) -> jax.Array:
+  """Gaussian heads [n, k] rescaled to norm sqrt(k) (FedRep Assumption 3)."""
+  w = jax.random.normal(key, (num_clients, rep_dim))
+  return w * jnp.sqrt(rep_dim) / jnp.linalg.norm(w, axis=-1, keepdims=True)
+
+
+def orthonormal(key: jax.Array, dim: int, rep_dim: int) -> jax.Array:
+  """A random d x k matrix with orthonormal columns (QR of a Gaussian matrix)."""
+  return jnp.linalg.qr(jax.random.normal(key, (dim, rep_dim)))[0]
+
+
+def make_problem(key: jax.Array, num_clients: int, dim: int, rep_dim: int,
+                 noise_std: float) -> LinearProblem:
+  """The FedRep ground truth: orthonormal B* [d, k] and heads W* [n, k] with norm sqrt(k)."""
+  key_b, key_w = jax.random.split(key)
+  return LinearProblem(B_star=orthonormal(key_b, dim, rep_dim),
+                       W_star=random_heads(key_w, num_clients, rep_dim),
+                       noise_std=jnp.asarray(noise_std, jnp.float32))
+
+
+def sample(key: jax.Array, B_star: jax.Array, heads: jax.Array, noise_std, num_samples: int,
+           ids: jax.Array | None = None):
+  """Samples X [c, m, d], y [c, m] of c clients with ground-truth heads `heads` [c, k].
+
+  y = x^T B_star head + noise_std * N(0, 1), x ~ N(0, I_d). Client j's samples are seeded by
+  fold_in(key, ids[j]) (ids default to 0..c-1), so they do not depend on the other clients.
+  """
+  ids = jnp.arange(heads.shape[0]) if ids is None else ids
+  dim = B_star.shape[0]
+
+  def one(client_id, head):
+    key_x, key_e = jax.random.split(jax.random.fold_in(key, client_id))
+    x = jax.random.normal(key_x, (num_samples, dim))
+    return x, x @ (B_star @ head) + noise_std * jax.random.normal(key_e, (num_samples,))
+
+  return jax.vmap(one)(ids, heads)
+
+
+def sample_clients(key: jax.Array, problem: LinearProblem, clients: jax.Array, num_samples: int):
+  """Fresh samples X [c, m, d], y [c, m] of the clients with indices `clients` [c]."""
+  return sample(key, problem.B_star, problem.W_star[clients], problem.noise_std, num_samples,
+                ids=clients)
+
+
+@struct.dataclass
+class FixedData:
+  """Fixed local datasets: X [n, m, d], y [n, m]; optional test set and ground truth B*."""
+  X: jax.Array
+  y: jax.Array
+  X_test: jax.Array | None = None
+  y_test: jax.Array | None = None
+  B_star: jax.Array | None = None
+
+  @property
+  def num_clients(self) -> int:
+    return self.X.shape[0]
+
+  @property
+  def samples(self) -> int:
+    return self.X.shape[1]
+
+  @property
+  def dim(self) -> int:
+    return self.X.shape[2]
+
+  def batch(self, key: jax.Array, clients: jax.Array):
+    """The local datasets (X [c, m, d], y [c, m]) of clients `clients` [c]."""
+    del key
+    if clients.shape[0] == self.num_clients:  # full participation: clients == arange(n)
+      return self.X, self.y
+    return self.X[clients], self.y[clients]
+
+
+@struct.dataclass
+class FreshData:
+  """Fresh samples per round from `problem`: `samples` (m) per sampled client."""
+  problem: LinearProblem
+  samples: int = struct.field(pytree_node=False)
+
+  @property
+  def num_clients(self) -> int:
+    return self.problem.num_clients
+
+  @property
+  def dim(self) -> int:
+    return self.problem.B_star.shape[0]
+
+  @property
+  def B_star(self) -> jax.Array:
+    return self.problem.B_star
+
+  def batch(self, key: jax.Array, clients: jax.Array):
+    """m fresh samples (X [c, m, d], y [c, m]) for each client in `clients` [c]."""
+    return sample_clients(key, self.problem, clients, self.samples)
+
+
+def make_fixed_data(key: jax.Array, problem: LinearProblem, samples: int,
+                    test_samples: int = 0) -> FixedData:
+  """A fixed dataset of `samples` per client drawn from `problem` (+ `test_samples` held out)."""
+  key_train, key_test = jax.random.split(key)
+  clients = jnp.arange(problem.num_clients)
+  X, y = sample_clients(key_train, problem, clients, samples)
+  X_test = y_test = None
+  if test_samples:
+    X_test, y_test = sample_clients(key_test, problem, clients, test_samples)
+  return FixedData(X=X, y=y, X_test=X_test, y_test=y_test, B_star=problem.B_star)
+
+
+def client_data(X, y, *, X_test=None, y_test=None, B_star=None) -> FixedData:
+  """Wraps user-supplied client data (X [n, m, d], y [n, m]) after checking shapes."""
+  X, y = jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)
+  if X.ndim != 3 or y.shape != X.shape[:2]:
+    raise ValueError(f"client data must be X [clients, samples, dim] and y [clients, samples]; "
+                     f"got X {X.shape} and y {y.shape}")
+  if (X_test is None) != (y_test is None):
+    raise ValueError("pass both X_test and y_test, or neither")
+  if X_test is not None:
+    X_test, y_test = jnp.asarray(X_test, jnp.float32), jnp.asarray(y_test, jnp.float32)
+    if X_test.ndim != 3 or X_test.shape[0] != X.shape[0] or X_test.shape[2] != X.shape[2] \
+        or y_test.shape != X_test.shape[:2]:
+      raise ValueError(f"test data must be X_test [{X.shape[0]}, samples, {X.shape[2]}] and "
+                       f"y_test [{X.shape[0]}, samples]; got {X_test.shape} and {y_test.shape}")
+  if B_star is not None:
+    B_star = jnp.asarray(B_star, jnp.float32)
+    if B_star.ndim != 2 or B_star.shape[0] != X.shape[2]:
+      raise ValueError(f"B_star must be [dim={X.shape[2]}, rep_dim]; got {B_star.shape}")
+  return FixedData(X=X, y=y, X_test=X_test, y_test=y_test, B_star=B_star)

@@ -1,0 +1,31 @@
+"""Registry of the linear algorithms: name -> one-line description, and `make_algorithm`."""
+
+import re
+
+from fedjax_rep.linear.fedavg import FedAvg
+from fedjax_rep.linear.fedrep import FedRep
+
+ALGORITHMS = {
+    "fedrep": "FedRep (Alg. 2): exact least-squares heads, one GD step on B, server average",
+    "gd-gd": "alternating GD: one head GD step, then one GD step on B",
+    "10gd-gd": "tau GD-GD: 10 head GD steps (any 'Ngd-gd'), then one GD step on B",
+    "fedavg": "FedAvg on the linear model: one global (B, w), local GD steps, averaging",
+    "local": "local only: each client's least-squares fit in R^d, no federation",
+}
+
+
+def make_algorithm(name: str, *, rep_dim: int, cohort: int, local_steps: int = 1,
+                   head_fit: bool = False, init_method: str = "moments"):
+  """The round-based algorithm registered as `name` ('fedrep', 'gd-gd', 'Ngd-gd', 'fedavg')."""
+  if name == "fedrep":
+    return FedRep(rep_dim=rep_dim, cohort=cohort, init_method=init_method, name=name)
+  match = re.fullmatch(r"(\d*)gd-gd", name)
+  if match:
+    steps = int(match.group(1) or 1)
+    return FedRep(rep_dim=rep_dim, cohort=cohort, head_steps=steps, init_method=init_method,
+                  name=name)
+  if name == "fedavg":
+    return FedAvg(rep_dim=rep_dim, cohort=cohort, local_steps=local_steps, head_fit=head_fit,
+                  init_method=init_method, name=name)
+  raise ValueError(f"unknown round-based linear algorithm {name!r}; "
+                   f"known: {', '.join(a for a in ALGORITHMS if a != 'local')}")

@@ -1,0 +1,87 @@
+"""Run directories: atomic writes, resumable units, metrics.csv and config.json."""
+
+import csv
+import io
+import json
+import os
+import platform
+import tempfile
+from importlib import metadata
+
+import numpy as np
+
+
+def atomic_write(path: str, write) -> None:
+  """Calls write(file) on a temporary file beside `path`, then renames it onto `path`."""
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+  try:
+    with os.fdopen(fd, "wb") as f:
+      write(f)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def versions() -> dict[str, str]:
+  """Versions of the packages and platform that produced a run."""
+  out = {"python": platform.python_version(), "platform": platform.platform()}
+  for package in ("fedjax_rep", "jax", "jaxlib", "numpy", "optax", "flax"):
+    try:
+      out[package] = metadata.version(package)
+    except metadata.PackageNotFoundError:
+      out[package] = "not installed"
+  import jax
+  out["devices"] = ", ".join(sorted({d.device_kind for d in jax.devices()}))
+  return out
+
+
+def csv_text(rows: list[dict]) -> str:
+  """CSV of `rows` (dicts); columns are algorithm, seed, round, then the rest in first-seen order."""
+  columns = ["algorithm", "seed", "round"]
+  for row in rows:
+    columns += [c for c in row if c not in columns]
+  buffer = io.StringIO()
+  writer = csv.DictWriter(buffer, fieldnames=columns, restval="", lineterminator="\n")
+  writer.writeheader()
+  for row in rows:
+    writer.writerow({k: (f"{v:.8g}" if isinstance(v, float) else v) for k, v in row.items()})
+  return buffer.getvalue()
+
+
+class RunDir:
+  """An output directory. Units of work finished earlier (same configuration) are reused,
+  so an interrupted run continues where it stopped when started again with the same --out."""
+
+  def __init__(self, path: str, config: dict):
+    self.path = path
+    os.makedirs(os.path.join(path, "parts"), exist_ok=True)
+    config_path = os.path.join(path, "config.json")
+    if os.path.exists(config_path):
+      with open(config_path) as f:
+        previous = json.load(f)
+      if previous.get("config") != config.get("config") or previous.get("seeds") != config.get(
+          "seeds"):
+        raise FileExistsError(
+            f"{path} holds a run with a different configuration; choose another --out "
+            f"(or delete the directory) to start a new run")
+    self.write_json("config.json", config)
+
+  def write_json(self, name: str, value) -> None:
+    atomic_write(os.path.join(self.path, name),
+                 lambda f: f.write((json.dumps(value, indent=2, sort_keys=True) + "\n").encode()))
+
+  def write_csv(self, name: str, rows: list[dict]) -> None:
+    atomic_write(os.path.join(self.path, name), lambda f: f.write(csv_text(rows).encode()))
+
+  def unit(self, name: str, compute):
+    """compute() -> dict of arrays, saved as parts/NAME.npz; loaded instead if already there."""
+    path = os.path.join(self.path, "parts", name + ".npz")
+    if os.path.exists(path):
+      with np.load(path) as saved:
+        return {k: saved[k] for k in saved.files}
+    result = compute()
+    atomic_write(path, lambda f: np.savez(f, **result))
+    return result
