@@ -36,7 +36,7 @@ def mean_rep_gradient(X: jax.Array, residual: jax.Array, w: jax.Array) -> jax.Ar
   small products.
   """
   c, m = residual.shape
-  return jnp.einsum("cmd,cmk->dk", X, residual[..., None] * w[:, None, :]) / (c * m)
+  return jnp.einsum("cmd,cm,ck->dk", X, residual, w) / (c * m)
 
 
 def round_metrics(B, theta_fn, data, train_loss):

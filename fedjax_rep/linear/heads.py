@@ -68,7 +68,7 @@ def least_squares(Z: jax.Array, y: jax.Array, ridge: float = RIDGE) -> jax.Array
   m, k = Z.shape[-2:]
   if m >= k:
     G = gram(Z)
-    return solve_spd(G + _ridge(G, ridge), jnp.einsum("...mk,...m->...k", Z, y))
+    return solve_spd(G + _ridge(G, ridge), jnp.sum(Z * y[..., None], axis=-2))
   G = gram(jnp.swapaxes(Z, -1, -2))
   a = solve_spd(G + _ridge(G, ridge), y)
   return jnp.einsum("...mk,...m->...k", Z, a)

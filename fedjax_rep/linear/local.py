@@ -1,6 +1,9 @@
 """Local-only training and the error of new clients that fit only a head."""
 
+import functools
+
 import jax
+import jax.numpy as jnp
 
 from fedjax_rep.linear.heads import fit_models
 from fedjax_rep.linear.metrics import mean_squared_error
@@ -13,17 +16,22 @@ def local_models(X: jax.Array, y: jax.Array) -> jax.Array:
   return fit_models(X, y)
 
 
+@functools.partial(jax.jit, static_argnames=("sample_counts", "num_clients", "test_samples"))
 def new_client_error(key: jax.Array, B: jax.Array | None, B_star: jax.Array, noise_std,
-                     num_samples: int, num_clients: int = 100, test_samples: int = 500):
-  """Test MSE of new clients that fit only a head on a learned representation.
+                     sample_counts: tuple[int, ...], num_clients: int = 100,
+                     test_samples: int = 500) -> jax.Array:
+  """Test MSE [len(sample_counts)] of new clients that fit only a head on a learned B.
 
-  `num_clients` new clients with ground-truth heads of norm sqrt(k) each get `num_samples`
-  (m_new) samples, fit w by least squares on X B, and are tested on `test_samples` fresh
-  samples. B [d, k'] is the learned representation; B=None fits in R^d (local only).
-  Returns the mean squared error over clients and test samples (noise included).
+  `num_clients` new clients with ground-truth heads of norm sqrt(k) each draw
+  max(sample_counts) samples; for each m_new in `sample_counts` they fit w by least squares
+  on their first m_new samples projected by B (minimum-norm when m_new < k) and are tested
+  on `test_samples` fresh samples. B [d, k'] is the learned representation; B=None fits in
+  R^d (local only). Errors are mean squared errors over clients and test samples (noise
+  included). The same clients and samples serve every m_new and every B.
   """
   key_heads, key_train, key_test = jax.random.split(key, 3)
   true_heads = random_heads(key_heads, num_clients, B_star.shape[1])
-  X, y = sample(key_train, B_star, true_heads, noise_std, num_samples)
+  X, y = sample(key_train, B_star, true_heads, noise_std, max(sample_counts))
   X_test, y_test = sample(key_test, B_star, true_heads, noise_std, test_samples)
-  return mean_squared_error(fit_models(X, y, B), X_test, y_test)
+  return jnp.stack([mean_squared_error(fit_models(X[:, :m], y[:, :m], B), X_test, y_test)
+                    for m in sample_counts])

@@ -119,8 +119,12 @@ class FreshData:
     return self.problem.B_star
 
   def batch(self, key: jax.Array, clients: jax.Array):
-    """m fresh samples (X [c, m, d], y [c, m]) for each client in `clients` [c]."""
-    return sample_clients(key, self.problem, clients, self.samples)
+    """m fresh samples (X [c, m, d], y [c, m]) for each client in `clients` [c].
+
+    The barrier makes XLA generate the samples once, instead of fusing the generator into
+    each of their consumers (which would draw them twice per round).
+    """
+    return jax.lax.optimization_barrier(sample_clients(key, self.problem, clients, self.samples))
 
 
 def make_fixed_data(key: jax.Array, problem: LinearProblem, samples: int,

@@ -3,7 +3,8 @@
 FedRep and FedAvg are trained on n=100 clients with d=20, k=2 as in Fig. 1 (fixed local data
 of m samples). A new client then gets m_new labelled samples, fits only its head by least
 squares on the learned representation (minimum-norm when m_new < k), and is tested on fresh
-samples; local only fits all of R^d from the m_new samples. Our choices (the paper gives
+samples; local only fits all of R^d from the m_new samples. Each new client's samples for
+a larger m_new extend those for a smaller one (the same clients throughout). Our choices (the paper gives
 none): m=10, r=0.1, T=300, lr=0.1, FedAvg with 10 local steps, 100 new clients with 500 test
 samples each, the same new clients for every algorithm.
 """
@@ -48,10 +49,10 @@ class Config:
     common.check_rep_dim(self)
 
 
-@functools.partial(jax.jit, static_argnames=("num_samples", "num_clients", "test_samples"))
-def new_client_errors(keys, B, B_star, noise_std, num_samples, num_clients, test_samples):
-  """new_client_error for every seed: keys [S], B [S, d, k] or None, B_star [S, d, k]."""
-  return jax.vmap(functools.partial(local_lib.new_client_error, num_samples=num_samples,
+@functools.partial(jax.jit, static_argnames=("sample_counts", "num_clients", "test_samples"))
+def new_client_errors(keys, B, B_star, noise_std, sample_counts, num_clients, test_samples):
+  """new_client_error [S, len(sample_counts)] for every seed: keys [S], B [S, d, k] or None."""
+  return jax.vmap(functools.partial(local_lib.new_client_error, sample_counts=sample_counts,
                                     num_clients=num_clients, test_samples=test_samples),
                   in_axes=(0, None if B is None else 0, 0, None))(keys, B, B_star, noise_std)
 
@@ -79,10 +80,9 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
       trained = unit(f"{name}-train", train)
       B = trained.pop("B")
       rows += common.round_rows(name, seed_values, trained)
-    errors = unit(f"{name}-new", lambda: {"new_client_error": np.stack([np.asarray(
-        new_client_errors(new_client_keys, B, data.B_star, config.noise_std, m_new,
-                          config.new_clients, config.test_samples))
-        for m_new in config.new_client_samples], axis=1)})["new_client_error"]
+    errors = unit(f"{name}-new", lambda: {"new_client_error": np.asarray(new_client_errors(
+        new_client_keys, B, data.B_star, config.noise_std, config.new_client_samples,
+        config.new_clients, config.test_samples))})["new_client_error"]
     final_round = 0 if name == "local" else config.rounds
     for s, seed_value in enumerate(seed_values):
       for j, m_new in enumerate(config.new_client_samples):

@@ -62,8 +62,8 @@ class RunDir:
     if os.path.exists(config_path):
       with open(config_path) as f:
         previous = json.load(f)
-      if previous.get("config") != config.get("config") or previous.get("seeds") != config.get(
-          "seeds"):
+      current = json.loads(json.dumps(config))  # tuples -> lists, as stored
+      if (previous.get("config"), previous.get("seeds")) != (current["config"], current["seeds"]):
         raise FileExistsError(
             f"{path} holds a run with a different configuration; choose another --out "
             f"(or delete the directory) to start a new run")

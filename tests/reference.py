@@ -1,0 +1,77 @@
+"""Independent numpy references, written plainly: a Python loop over clients, float64."""
+
+import numpy as np
+
+RIDGE = 1e-6
+
+
+def least_squares(Z, y, ridge=RIDGE):
+  """One client's head: normal equations (m >= k) or the min-norm dual (m < k), ridge rule."""
+  Z, y = np.asarray(Z, np.float64), np.asarray(y, np.float64)
+  m, k = Z.shape
+  if m >= k:
+    G = Z.T @ Z
+    lam = ridge * np.trace(G) / k
+    return np.linalg.solve(G + lam * np.eye(k), Z.T @ y)
+  G = Z @ Z.T
+  lam = ridge * np.trace(G) / m
+  return Z.T @ np.linalg.solve(G + lam * np.eye(m), y)
+
+
+def fedrep_round(B, heads, X, y, clients, lr, head_steps=None, head_lr=None):
+  """One FedRep / tau GD-GD round over `clients`; returns (B, heads, train_loss)."""
+  B = np.asarray(B, np.float64)
+  heads = np.array(heads, np.float64)
+  new_Bs, losses = [], []
+  for i in clients:
+    Xi, yi = np.asarray(X[i], np.float64), np.asarray(y[i], np.float64)
+    m = len(yi)
+    Z = Xi @ B
+    if head_steps is None:
+      w = least_squares(Z, yi)
+    else:
+      w = heads[i].copy()
+      for _ in range(head_steps):
+        w = w - head_lr * Z.T @ (Z @ w - yi) / m
+    residual = Z @ w - yi
+    losses.append(0.5 * np.mean(residual ** 2))
+    new_Bs.append(B - lr * np.outer(Xi.T @ residual, w) / m)
+    heads[i] = w
+  return np.mean(new_Bs, axis=0), heads, np.mean(losses)
+
+
+def fedavg_round(B, w, X, y, clients, lr, local_steps):
+  """One FedAvg round: each client runs local GD on (B, w) from the global model; average."""
+  B, w = np.asarray(B, np.float64), np.asarray(w, np.float64)
+  new_Bs, new_ws, losses = [], [], []
+  for i in clients:
+    Xi, yi = np.asarray(X[i], np.float64), np.asarray(y[i], np.float64)
+    m = len(yi)
+    losses.append(0.5 * np.mean((Xi @ B @ w - yi) ** 2))
+    Bi, wi = B.copy(), w.copy()
+    for _ in range(local_steps):
+      residual = Xi @ Bi @ wi - yi
+      grad_B = np.outer(Xi.T @ residual, wi) / m
+      grad_w = Bi.T @ Xi.T @ residual / m
+      Bi, wi = Bi - lr * grad_B, wi - lr * grad_w
+    new_Bs.append(Bi)
+    new_ws.append(wi)
+  return np.mean(new_Bs, axis=0), np.mean(new_ws, axis=0), np.mean(losses)
+
+
+def method_of_moments(X, y, k):
+  """Top-k eigenvectors of (1/n) sum_i (1/m) sum_j y_ij^2 x_ij x_ij^T."""
+  n, m, d = X.shape
+  moments = np.zeros((d, d))
+  for i in range(n):
+    for j in range(m):
+      x = np.asarray(X[i, j], np.float64)
+      moments += float(y[i, j]) ** 2 * np.outer(x, x) / (n * m)
+  values, vectors = np.linalg.eigh(moments)
+  return vectors[:, np.argsort(values)[::-1][:k]]
+
+
+def test_error(thetas, X_test, y_test):
+  """Mean over clients of the mean squared error of theta_i on client i's test samples."""
+  return np.mean([np.mean((np.asarray(X_test[i], np.float64) @ thetas[i] - y_test[i]) ** 2)
+                  for i in range(len(thetas))])

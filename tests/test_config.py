@@ -1,0 +1,93 @@
+"""Configuration checks and the command line: bad input fails early with a clear message."""
+
+import csv
+import json
+import os
+
+import pytest
+
+import fedjax_rep as fr
+from fedjax_rep import cli
+
+TINY = ["num_clients=10,20", "rounds=3", "samples_per_client=4"]
+
+
+@pytest.mark.parametrize("item,pattern", [
+    ("rep_dim=11", r"rep_dim=11 is out of range.*\[1, dim=10\]"),
+    ("participation=0", r"participation=0.0 is out of range.*\(0, 1\]"),
+    ("participation=1.5", r"participation=1.5 is out of range.*\(0, 1\]"),
+    ("lr=-0.1", r"lr=-0.1 is out of range.*\(0, inf\)"),
+    ("lr=fast", r"'fast' is not valid; lr must be a number in \(0, inf\)"),
+    ("lr=nan", r"lr=nan is out of range"),
+    ("rounds=0", r"rounds=0 is out of range.*integer in \[1, inf\)"),
+    ("rounds=2.5", r"'2.5' is not valid; rounds must be an integer"),
+    ("learning_rate=0.1", r"unknown configuration key 'learning_rate'; valid keys: num_clients"),
+    ("num_clients=10,x", r"'x' is not valid; num_clients must be a comma-separated list"),
+    ("data_mode=streaming", r"data_mode='streaming' is out of range.*one of fixed, fresh"),
+    ("lr", r"--set expects KEY=VALUE"),
+])
+def test_bad_settings_fail_before_any_compilation(item, pattern, compiles):
+  with pytest.raises(fr.ConfigError, match=pattern):
+    fr.resolve("fedrep-fig3", overrides=[item])
+  assert compiles.count == 0
+
+
+def test_cli_reports_bad_input_and_exits_2(capsys, tmp_path, compiles):
+  assert cli.main(["run", "fedrep-fig3", "--set", "rep_dim=20", "--out", str(tmp_path)]) == 2
+  assert "rep_dim=20 is out of range" in capsys.readouterr().err
+  assert cli.main(["run", "no-such-recipe"]) == 2
+  assert "known recipes: fedrep-fig1" in capsys.readouterr().err
+  assert cli.main(["run", "fedrep-fig1", "--seeds", "0"]) == 2
+  assert "--seeds must be an integer >= 1" in capsys.readouterr().err
+  assert compiles.count == 0
+  assert not os.listdir(tmp_path)
+
+
+def test_quick_and_overrides_resolve():
+  config = fr.resolve("fedrep-fig3", quick=True, overrides=["num_clients=5,50", "lr=0.2"])
+  assert config.num_clients == (5, 50) and config.lr == 0.2 and config.rounds == 100
+
+
+def test_list(capsys):
+  assert cli.main(["list"]) == 0
+  out = capsys.readouterr().out
+  for name in ("fedrep-fig1", "fedrep-fig3", "fedrep-fig4", "fedrep", "gd-gd", "10gd-gd",
+               "fedavg", "local"):
+    assert f"  {name} " in out
+
+
+def test_run_writes_outputs_and_resumes(tmp_path, monkeypatch):
+  out = str(tmp_path / "run")
+  args = ["run", "fedrep-fig3", "--seeds", "2", "--out", out, "--no-progress"]
+  for item in TINY:
+    args += ["--set", item]
+  assert cli.main(args) == 0
+  with open(os.path.join(out, "metrics.csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert list(rows[0])[:3] == ["algorithm", "seed", "round"]
+  assert {"num_clients", "principal_angle", "train_loss"} <= set(rows[0])
+  assert len(rows) == 3 * 2 * 2 * 3  # algorithms x n x seeds x rounds
+  assert {r["algorithm"] for r in rows} == {"fedrep", "gd-gd", "10gd-gd"}
+  with open(os.path.join(out, "config.json")) as f:
+    config = json.load(f)
+  assert config["config"]["num_clients"] == [10, 20] and config["seeds"] == 2
+  assert "jax" in config["versions"]
+  with open(os.path.join(out, "fedrep-fig3.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+  # Resume: every unit is on disk, so a second run computes nothing.
+  from fedjax_rep.recipes import linear_common
+  monkeypatch.setattr(linear_common, "run_seeds", lambda *a, **k: pytest.fail("recomputed"))
+  assert cli.main(args) == 0
+  with open(os.path.join(out, "metrics.csv")) as f:
+    assert list(csv.DictReader(f)) == rows
+
+  # A different configuration in the same directory is refused, not mixed in.
+  assert cli.main(args + ["--set", "lr=0.2"]) == 2
+
+
+def test_python_api_returns_rows_without_files(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  rows, config = fr.run_recipe("fedrep-fig3", seeds=1, overrides=TINY, progress=False)
+  assert config.rounds == 3 and len(rows) == 3 * 2 * 3
+  assert not os.listdir(tmp_path)

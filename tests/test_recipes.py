@@ -1,0 +1,57 @@
+"""The paper's qualitative outcomes, from the recipes in --quick mode (marked slow)."""
+
+import collections
+
+import numpy as np
+import pytest
+
+import fedjax_rep as fr
+
+pytestmark = pytest.mark.slow
+
+
+def final_mean(rows, value, key, final_round):
+  """{(algorithm, key value): mean over seeds of `value` at the final round}."""
+  groups = collections.defaultdict(list)
+  for row in rows:
+    if row["round"] == final_round and value in row:
+      groups[row["algorithm"], row[key]].append(row[value])
+  return {k: float(np.mean(v)) for k, v in groups.items()}
+
+
+def test_fedrep_fig3_quick():
+  rows, config = fr.run_recipe("fedrep-fig3", quick=True, progress=False)
+  angle = final_mean(rows, "principal_angle", "num_clients", config.rounds)
+  for n in (100, 1000):
+    assert angle["fedrep", n] < 0.05
+    assert angle["fedrep", n] < angle["gd-gd", n]
+  assert angle["fedrep", 10] > 0.2  # n = 10 does not converge
+  assert angle["fedrep", 1000] < angle["fedrep", 100] < angle["fedrep", 10]
+
+
+def test_fedrep_fig1_quick():
+  rows, config = fr.run_recipe("fedrep-fig1", quick=True, progress=False)
+  error = {**final_mean(rows, "test_error", "samples_per_client", config.rounds),
+           **final_mean(rows, "test_error", "samples_per_client", 0)}
+  for m in config.samples_per_client:
+    assert error["fedrep", m] < 0.05  # small at every m
+    assert error["fedavg", m] > 1.0  # never: one model cannot fit heterogeneous heads
+    if m < config.dim:
+      assert error["local", m] > 0.3
+  assert error["local", max(config.samples_per_client)] < 0.05  # once m >> d
+
+
+def test_fedrep_fig4_quick():
+  rows, config = fr.run_recipe("fedrep-fig4", quick=True, progress=False)
+  error = {**final_mean(rows, "new_client_error", "new_client_samples", config.rounds),
+           **final_mean(rows, "new_client_error", "new_client_samples", 0)}
+  k = config.rep_dim
+  for m_new in config.new_client_samples:
+    if m_new < k:
+      assert error["fedrep", m_new] > 0.5  # fewer samples than head parameters
+    elif m_new < config.dim:
+      assert error["fedrep", m_new] < error["local", m_new] / 5  # a head needs few samples
+    if m_new > k:
+      assert error["fedrep", m_new] < 0.05
+    if m_new < config.dim:
+      assert error["local", m_new] > 0.3
