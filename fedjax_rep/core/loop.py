@@ -27,7 +27,8 @@ DEFAULT_CHUNK = 50
 
 @dataclasses.dataclass
 class RunResult:
-  """The outcome of `run`: final state and per-round metrics ([rounds] or [sweep, rounds])."""
+  """The outcome of `run`: final state, per-round metrics ([rounds] or [sweep, rounds]) and
+  the wall time of the rounds (initialisation and host copies of the state excluded)."""
   state: Any
   metrics: dict[str, np.ndarray]
   seconds: float
@@ -109,6 +110,7 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
   if state is None:
     state = init_state(algorithm, data, hparams, key, sweep_axes=sweep_axes)
+  state = jax.block_until_ready(state)
   rounds_key = _split_keys(key, sweep_axes)[1]
   todo = num_rounds - start_round
   chunk = min(chunk or DEFAULT_CHUNK, todo)

@@ -68,7 +68,7 @@ class FedRep:
   def client_heads(self, Z, y, previous, hparams):
     """Heads [c, k] of clients with features Z = X B [c, m, k], labels y [c, m]."""
     if self.head_steps is None:
-      return jax.vmap(heads_lib.least_squares)(Z, y)
+      return heads_lib.least_squares(Z, y)
     return jax.vmap(heads_lib.head_gd, in_axes=(0, 0, 0, None, None))(
         Z, y, previous, hparams.head_lr, self.head_steps)
 

@@ -83,15 +83,10 @@ def final_rows(rows, rounds):
 
 
 def plot(rows, config: Config, file) -> None:
-  fig, (ax,) = plotting.figure(1, width=5.5)
-  final = final_rows(rows, config.rounds)
-  labels = {"local": "Local only", "fedavg": "FedAvg", "fedrep": "FedRep"}
-  for name in config.algorithms:
-    plotting.line(ax, final, "samples_per_client", "test_error", labels[name], algorithm=name)
-  ax.set(yscale="log", xlabel="samples per client m", ylabel="test MSE",
-         title=f"FedRep Fig. 1: n={config.num_clients}, d={config.dim}, k={config.rep_dim}")
-  ax.legend()
-  plotting.save(fig, file)
+  plotting.one_panel(final_rows(rows, config.rounds), "samples_per_client", "test_error",
+                     config.algorithms, file, xlabel="samples per client m", ylabel="test MSE",
+                     title=f"FedRep Fig. 1: n={config.num_clients}, d={config.dim}, "
+                     f"k={config.rep_dim}")
 
 
 RECIPE = register(Recipe(

@@ -92,16 +92,10 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
 
 
 def plot(rows, config: Config, file) -> None:
-  fig, (ax,) = plotting.figure(1, width=5.5)
-  labels = {"local": "Local only", "fedavg": "FedAvg", "fedrep": "FedRep"}
-  for name in config.algorithms:
-    plotting.line(ax, rows, "new_client_samples", "new_client_error", labels[name],
-                  algorithm=name)
-  ax.axvline(config.rep_dim, color="grey", ls=":", lw=1)
-  ax.set(yscale="log", xlabel="new client's samples m_new", ylabel="new-client test MSE",
-         title=f"FedRep Fig. 4: d={config.dim}, k={config.rep_dim} (dotted: m_new = k)")
-  ax.legend()
-  plotting.save(fig, file)
+  plotting.one_panel(rows, "new_client_samples", "new_client_error", config.algorithms, file,
+                     xlabel="new client's samples m_new", ylabel="new-client test MSE",
+                     title=f"FedRep Fig. 4: d={config.dim}, k={config.rep_dim} "
+                     "(dotted: m_new = k)", vline=config.rep_dim)
 
 
 RECIPE = register(Recipe(

@@ -1,10 +1,11 @@
-"""Paper-style figures shared by the recipes (matplotlib, Agg backend)."""
+"""Paper-style figures shared by the recipes.
 
-import matplotlib
+Figures are `matplotlib.figure.Figure` objects rendered straight to PNG: no pyplot, so
+importing fedjax_rep never changes the user's matplotlib backend.
+"""
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure
 
 
 def select(rows, **where):
@@ -33,9 +34,24 @@ def line(ax, rows, x, y, label, **where):
 def save(fig, file) -> None:
   fig.tight_layout()
   fig.savefig(file, format="png", dpi=120)
-  plt.close(fig)
 
 
 def figure(panels: int, width: float = 4.2, height: float = 3.4):
-  fig, axes = plt.subplots(1, panels, figsize=(width * panels, height), squeeze=False)
-  return fig, axes[0]
+  fig = Figure(figsize=(width * panels, height))
+  return fig, fig.subplots(1, panels, squeeze=False)[0]
+
+
+LABELS = {"local": "Local only", "fedavg": "FedAvg", "fedrep": "FedRep"}
+
+
+def one_panel(rows, x: str, y: str, algorithms, file, *, xlabel: str, ylabel: str, title: str,
+              vline: float | None = None) -> None:
+  """One panel, one line (mean over seeds, min-max band) per algorithm, log y axis."""
+  fig, (ax,) = figure(1, width=5.5)
+  for name in algorithms:
+    line(ax, rows, x, y, LABELS.get(name, name), algorithm=name)
+  if vline is not None:
+    ax.axvline(vline, color="grey", ls=":", lw=1)
+  ax.set(yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+  ax.legend()
+  save(fig, file)
