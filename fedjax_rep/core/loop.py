@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 DEFAULT_CHUNK = 50
 

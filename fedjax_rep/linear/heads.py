@@ -1,5 +1,6 @@
 """Least-squares heads: batched small normal equations, and head gradient steps.
 
+For larger k it is a column loop in batched XLA ops (no LAPACK call).
 Every function takes arrays with any leading batch axes (e.g. [clients, ...]) and is also
 safe to `vmap`; called on the whole cohort directly, `least_squares` keeps the k-major
 layout that makes its reductions contiguous (under `vmap` the client axis stays leading). For k <= UNROLL_MAX the k x k solve is an unrolled Cholesky written in
@@ -50,11 +51,39 @@ def _cholesky_solve_unrolled(A: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.stack([x[i] for i in range(k)], -1)
 
 
+def _cholesky_solve_loop(A: jax.Array, b: jax.Array) -> jax.Array:
+  """Cholesky, then forward and back substitution, one column per `fori_loop` step, all in
+  batched XLA ops: no LAPACK call (several LAPACK solves in one program can deadlock the
+  2-thread CPU pool of jaxlib 0.10)."""
+  k = A.shape[-1]
+  index = jnp.arange(k)
+
+  def factor(j, L):
+    row = L[..., j, :]  # entries p < j are final, the rest are zero
+    diag = jnp.sqrt(A[..., j, j] - jnp.sum(row * row, axis=-1))
+    column = (A[..., :, j] - jnp.sum(L * row[..., None, :], axis=-1)) / diag[..., None]
+    column = jnp.where(index > j, column, jnp.where(index == j, diag[..., None], 0.0))
+    return L.at[..., :, j].set(column)
+
+  L = jax.lax.fori_loop(0, k, factor, jnp.zeros_like(A))
+
+  def forward(i, z):
+    return z.at[..., i].set((b[..., i] - jnp.sum(L[..., i, :] * z, axis=-1)) / L[..., i, i])
+
+  z = jax.lax.fori_loop(0, k, forward, jnp.zeros_like(b))
+
+  def backward(step, x):
+    i = k - 1 - step
+    return x.at[..., i].set((z[..., i] - jnp.sum(L[..., :, i] * x, axis=-1)) / L[..., i, i])
+
+  return jax.lax.fori_loop(0, k, backward, jnp.zeros_like(b))
+
+
 def solve_spd(A: jax.Array, b: jax.Array) -> jax.Array:
-  """x [..., k] solving A x = b for symmetric positive definite A [..., k, k]."""
+  """x [..., k] solving A x = b for symmetric positive definite A [..., k, k] (Cholesky)."""
   if A.shape[-1] <= UNROLL_MAX:
     return _cholesky_solve_unrolled(A, b)
-  return jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(A), True), b[..., None])[..., 0]
+  return _cholesky_solve_loop(A, b)
 
 
 def _ridge(G: jax.Array, ridge: float) -> jax.Array:

@@ -1,11 +1,13 @@
 """fedrep-fig1: test error vs samples per client, local only vs FedAvg vs FedRep (FedRep Fig. 1).
 
 Setting of the paper: d=20, k=2, n=100, x ~ N(0, I), label noise variance 1e-3, fixed local
-datasets of m samples for m on the x-axis. Our choices (the paper gives none): r=0.1,
-T=300 rounds, lr=0.1, FedAvg with 10 local GD steps, 100 held-out test samples per client.
-Test error is the mean squared error (noise included) of each client's personal model on
-its held-out samples: FedRep's is (B, head refitted on the client's data), FedAvg's the
-global model, local only's the client's own least-squares fit (minimum-norm when m < d).
+datasets of m samples for m on the x-axis. Our choices (the paper gives none): r=0.1, T=300
+rounds, lr=0.1, FedAvg with 10 local GD steps from a random orthonormal B (the method-of-
+moments start is part of FedRep; `fedavg_init=moments` gives it to FedAvg too), 100 held-out
+test samples per client. Test error is the mean squared error (noise included) of each
+client's personal model on its held-out samples: FedRep's is (B, head refitted on the
+client's data), FedAvg's the global model, local only's the client's own least-squares fit
+(minimum-norm when m < d).
 """
 
 import dataclasses
@@ -36,6 +38,7 @@ class Config:
   participation: float = common.participation(0.1)
   lr: float = common.lr(0.1)
   fedavg_local_steps: int = cfg.positive_int("local GD steps of FedAvg per round", 10)
+  fedavg_init: str = common.fedavg_init()
   test_samples: int = cfg.positive_int("held-out test samples per client", 100)
   noise_std: float = common.noise_std()
   seed: int = common.seed()
@@ -69,7 +72,9 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
             name, seed_values, metrics, samples_per_client=m)]
         continue
       algorithm = make_algorithm(name, rep_dim=config.rep_dim, cohort=cohort,
-                                 local_steps=config.fedavg_local_steps)
+                                 local_steps=config.fedavg_local_steps,
+                                 init_method=config.fedavg_init if name == "fedavg"
+                                 else "moments")
       metrics = unit(f"{name}-m{m}", lambda: common.run_seeds(
           algorithm, data, common.hparams(config), keys, config.rounds, progress,
           desc=f"{name} m={m}").metrics)

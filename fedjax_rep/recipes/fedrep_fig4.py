@@ -3,10 +3,11 @@
 FedRep and FedAvg are trained on n=100 clients with d=20, k=2 as in Fig. 1 (fixed local data
 of m samples). A new client then gets m_new labelled samples, fits only its head by least
 squares on the learned representation (minimum-norm when m_new < k), and is tested on fresh
-samples; local only fits all of R^d from the m_new samples. Each new client's samples for
-a larger m_new extend those for a smaller one (the same clients throughout). Our choices (the paper gives
-none): m=10, r=0.1, T=300, lr=0.1, FedAvg with 10 local steps, 100 new clients with 500 test
-samples each, the same new clients for every algorithm.
+samples; local only fits all of R^d from the m_new samples. Each new client's samples for a
+larger m_new extend those for a smaller one (the same clients throughout). Our choices (the
+paper gives none): m=10, r=0.1, T=300, lr=0.1, FedAvg with 10 local steps from a random
+orthonormal B (`fedavg_init=moments` starts it from FedRep's method of moments instead), 100
+new clients with 500 test samples each, the same new clients for every algorithm.
 """
 
 import dataclasses
@@ -36,6 +37,7 @@ class Config:
   participation: float = common.participation(0.1)
   lr: float = common.lr(0.1)
   fedavg_local_steps: int = cfg.positive_int("local GD steps of FedAvg per round", 10)
+  fedavg_init: str = common.fedavg_init()
   new_client_samples: tuple = cfg.positive_int(
       "samples m_new of each new client (x-axis)", (1, 2, 3, 4, 5, 7, 10, 15, 20, 25, 30, 40),
       sequence=True)
@@ -70,7 +72,9 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
     B = None
     if name != "local":
       algorithm = make_algorithm(name, rep_dim=config.rep_dim, cohort=cohort,
-                                 local_steps=config.fedavg_local_steps)
+                                 local_steps=config.fedavg_local_steps,
+                                 init_method=config.fedavg_init if name == "fedavg"
+                                 else "moments")
 
       def train():
         result = common.run_seeds(algorithm, data, common.hparams(config), keys, config.rounds,

@@ -54,6 +54,11 @@ def check_rep_dim(config):
                           f"integer in [1, dim={config.dim}] (k <= d)")
 
 
+def fedavg_init(default="random"):
+  return cfg.choice("FedAvg's initial B: random (standard FedAvg) or FedRep's method of "
+                    "moments", default, ("random", "moments"))
+
+
 def seed_keys(first_seed: int, seeds: int) -> jax.Array:
   """Keys [seeds, 3] (problem, data, run) of seeds first_seed, first_seed + 1, ..."""
   return jax.vmap(lambda s: jax.random.split(jax.random.key(s), 3))(
@@ -96,4 +101,4 @@ def seed_data(keys, *, num_clients, dim, rep_dim, noise_std, samples, test_sampl
       return problem_lib.FreshData(problem, samples)
     return problem_lib.make_fixed_data(key_data, problem, samples, test_samples)
 
-  return jax.vmap(one)(keys[:, 0], keys[:, 1])
+  return jax.jit(jax.vmap(one))(keys[:, 0], keys[:, 1])
