@@ -84,10 +84,13 @@ def test_resume_from_a_saved_state_gives_the_same_run():
       whole.metrics["train_loss"], rtol=1e-6)
 
 
-def test_run_rejects_zero_rounds_before_compiling(compiles):
+def test_run_rejects_bad_rounds_before_compiling(compiles):
+  data, key, algorithm = small_problem(), jax.random.key(0), fr.FedRep(rep_dim=2, cohort=5)
+  compiles.reset()
   with pytest.raises(ValueError, match="num_rounds"):
-    fr.run(fr.FedRep(rep_dim=2, cohort=5), small_problem(), HP, jax.random.key(0), 0,
-           progress=False)
+    fr.run(algorithm, data, HP, key, 0, progress=False)
+  with pytest.raises(ValueError, match=r"start_round must be in \[0, num_rounds=5\)"):
+    fr.run(algorithm, data, HP, key, 5, start_round=5, progress=False)
   assert compiles.count == 0
 
 

@@ -108,6 +108,8 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
   """
   if num_rounds < 1:
     raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
+  if not 0 <= start_round < num_rounds:
+    raise ValueError(f"start_round must be in [0, num_rounds={num_rounds}), got {start_round!r}")
   if state is None:
     state = init_state(algorithm, data, hparams, key, sweep_axes=sweep_axes)
   state = jax.block_until_ready(state)
