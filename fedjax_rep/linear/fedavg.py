@@ -17,7 +17,7 @@ from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.fedrep import round_metrics
 from fedjax_rep.linear.hparams import LinearHparams
-from fedjax_rep.linear.problem import FixedData
+from fedjax_rep.linear.problem import FixedData, Targets
 
 
 @struct.dataclass
@@ -27,17 +27,47 @@ class GlobalState:
   w: jax.Array
 
 
-def local_gd(B, w, X, y, lr, steps: int):
-  """`steps` simultaneous GD steps on (B [d, k], w [k]) of (1/2m)||X B w - y||^2; X [m, d]."""
-  m = X.shape[0]
+def model_loss_and_grad(batch, theta: jax.Array):
+  """One client's loss at the model theta = B w [d] and its gradient in theta [d].
+
+  batch: (X [m, d], y [m]) for the sample loss (1/2m)||X theta - y||^2, or `Targets` (one
+  client's theta* [d]) for the population loss 1/2 ||theta - theta*||^2. The gradients in B
+  and w follow by the chain rule: g w^T and B^T g.
+  """
+  if isinstance(batch, Targets):
+    residual = theta - batch.theta_star
+    return 0.5 * jnp.sum(residual ** 2), residual
+  X, y = batch
+  residual = X @ theta - y
+  return 0.5 * jnp.mean(residual ** 2), X.T @ residual / y.shape[0]
+
+
+def local_gd(B, w, batch, lr, steps: int, train_body: bool = True):
+  """`steps` simultaneous GD steps on (B [d, k], w [k]) of one client's loss (see
+  `model_loss_and_grad`), or on w alone with train_body=False; returns the final (B, w)."""
 
   def step(_, params):
     B, w = params
-    residual = X @ (B @ w) - y
-    grad_x = X.T @ residual / m
-    return B - lr * jnp.outer(grad_x, w), w - lr * B.T @ grad_x
+    grad = model_loss_and_grad(batch, B @ w)[1]
+    return (B - lr * jnp.outer(grad, w) if train_body else B), w - lr * B.T @ grad
 
   return jax.lax.fori_loop(0, steps, step, (B, w))
+
+
+def global_grad_norm(B, w, batch) -> jax.Array:
+  """||grad F(B, w)||: F the mean over the batch's clients of their losses (the global
+  objective, FedAvg-FT Eq. 6, with the 1/2 of f_i); the norm over both B and w."""
+  grad = jnp.mean(jax.vmap(model_loss_and_grad, in_axes=(0, None))(batch, B @ w)[1], axis=0)
+  return jnp.sqrt(jnp.sum(grad ** 2) * jnp.sum(w ** 2) + jnp.sum((B.T @ grad) ** 2))
+
+
+def fine_tuned_models(B, w, batch, lr, steps: int, train_body: bool = True) -> jax.Array:
+  """Personal models theta_i = B_i w_i [c, d] after each client of `batch` fine-tunes the
+  global (B [d, k], w [k]) by `steps` GD steps on its own loss: head and body, or the head
+  only (train_body=False). FedAvg + FT."""
+  B_i, w_i = jax.vmap(local_gd, in_axes=(None, None, 0, None, None, None))(
+      B, w, batch, lr, steps, train_body)
+  return jnp.einsum("cdk,ck->cd", B_i, w_i)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,20 +82,24 @@ class FedAvg:
 
   def init(self, key, data, hparams: LinearHparams) -> GlobalState:
     """B0 by `init_method`; the head starts at zero."""
-    del hparams
-    B = init_lib.init_representation(key, data, self.rep_dim, self.init_method)
+    B = init_lib.init_representation(key, data, self.rep_dim, self.init_method, hparams.lr)
     return GlobalState(B=B, w=jnp.zeros((self.rep_dim,), B.dtype))
 
   def round(self, state: GlobalState, key, data, hparams: LinearHparams):
     key_cohort, key_data = jax.random.split(key)
     clients = cohort_lib.sample_cohort(key_cohort, data.num_clients, self.cohort)
-    X, y = data.batch(key_data, clients)
-    train_loss = 0.5 * jnp.mean((X @ (state.B @ state.w) - y) ** 2)
-    B_i, w_i = jax.vmap(local_gd, in_axes=(None, None, 0, 0, None, None))(
-        state.B, state.w, X, y, hparams.lr, self.local_steps)
+    batch = data.batch(key_data, clients)
+    train_loss = jnp.mean(jax.vmap(model_loss_and_grad, in_axes=(0, None))(
+        batch, state.B @ state.w)[0])
+    B_i, w_i = jax.vmap(local_gd, in_axes=(None, None, 0, None, None))(
+        state.B, state.w, batch, hparams.lr, self.local_steps)
     state = GlobalState(B=jnp.mean(B_i, axis=0), w=jnp.mean(w_i, axis=0))
-    return state, round_metrics(state.B, lambda: self.personal_models(state, data), data,
-                                train_loss)
+    metrics = round_metrics(state.B, lambda: self.personal_models(state, data), data,
+                            train_loss)
+    metrics["global_grad_norm"] = global_grad_norm(state.B, state.w, batch)
+    metrics["conditioning"] = jnp.linalg.norm(
+        jnp.eye(self.rep_dim) - hparams.lr * state.B.T @ state.B, ord=2)
+    return state, metrics
 
   def personal_models(self, state: GlobalState, data) -> jax.Array:
     """theta_i [n, d]: B w for every client, or B w_i with w_i fitted on local data."""

@@ -17,11 +17,18 @@ def method_of_moments(X: jax.Array, y: jax.Array, rep_dim: int) -> jax.Array:
   return jnp.linalg.eigh(moments)[1][:, ::-1][:, :rep_dim]
 
 
-def init_representation(key: jax.Array, data, rep_dim: int, method: str) -> jax.Array:
-  """B0 [d, k]: 'moments' uses one batch from every client of `data`; 'random' is orthonormal."""
+METHODS = ("moments", "random", "random-scaled")
+
+
+def init_representation(key: jax.Array, data, rep_dim: int, method: str, lr=None) -> jax.Array:
+  """B0 [d, k]: 'moments' uses one batch from every client of `data`; 'random' is a random
+  orthonormal matrix; 'random-scaled' is that divided by sqrt(lr), so that sqrt(lr) B0 is
+  orthonormal (FedAvg-FT Theorem 1: ||I - lr B0^T B0|| = 0)."""
   if method == "moments":
     X, y = data.batch(key, jnp.arange(data.num_clients))
     return method_of_moments(X, y, rep_dim)
   if method == "random":
     return orthonormal(key, data.dim, rep_dim)
-  raise ValueError(f"init must be 'moments' or 'random', got {method!r}")
+  if method == "random-scaled":
+    return orthonormal(key, data.dim, rep_dim) / jnp.sqrt(lr)
+  raise ValueError(f"init must be one of {METHODS}, got {method!r}")

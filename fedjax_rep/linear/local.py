@@ -5,6 +5,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from fedjax_rep.linear.fedavg import fine_tuned_models
 from fedjax_rep.linear.heads import fit_models
 from fedjax_rep.linear.metrics import mean_squared_error
 from fedjax_rep.linear.problem import random_heads, sample
@@ -35,3 +36,25 @@ def new_client_error(key: jax.Array, B: jax.Array | None, B_star: jax.Array, noi
   X_test, y_test = sample(key_test, B_star, true_heads, noise_std, test_samples)
   return jnp.stack([mean_squared_error(fit_models(X[:, :m], y[:, :m], B), X_test, y_test)
                     for m in sample_counts])
+
+
+@functools.partial(jax.jit, static_argnames=("sample_counts", "num_clients", "steps",
+                                             "train_body"))
+def fine_tune_error(key: jax.Array, B: jax.Array, w: jax.Array, B_star: jax.Array, noise_std,
+                    lr, sample_counts: tuple[int, ...], num_clients: int = 100,
+                    steps: int = 200, train_body: bool = True) -> jax.Array:
+  """Error [len(sample_counts)] of new clients that fine-tune a global model (B, w).
+
+  `num_clients` new clients with N(0, I_k) ground-truth heads w* each draw max(sample_counts)
+  samples (x ~ N(0, I_d), label noise std `noise_std`); for each n in `sample_counts` they
+  run `steps` full-batch GD steps (step size lr) on both B and w (or w only) over their first
+  n samples, from (B, w). Returns the mean over clients of ||B' w' - B* w*||^2 (FedAvg-FT
+  Fig. 3, right).
+  """
+  key_heads, key_train = jax.random.split(key)
+  true_heads = jax.random.normal(key_heads, (num_clients, B_star.shape[1]))
+  X, y = sample(key_train, B_star, true_heads, noise_std, max(sample_counts))
+  targets = true_heads @ B_star.T
+  return jnp.stack([
+      jnp.mean(jnp.sum((fine_tuned_models(B, w, (X[:, :n], y[:, :n]), lr, steps, train_body)
+                        - targets) ** 2, axis=-1)) for n in sample_counts])

@@ -39,11 +39,13 @@ def orthonormal(key: jax.Array, dim: int, rep_dim: int) -> jax.Array:
 
 
 def make_problem(key: jax.Array, num_clients: int, dim: int, rep_dim: int,
-                 noise_std: float) -> LinearProblem:
-  """The FedRep ground truth: orthonormal B* [d, k] and heads W* [n, k] with norm sqrt(k)."""
+                 noise_std: float, normalize_heads: bool = True) -> LinearProblem:
+  """Ground truth: orthonormal B* [d, k] and Gaussian heads W* [n, k], rescaled to norm
+  sqrt(k) (FedRep) unless normalize_heads=False (FedAvg-FT: plain N(0, 1) entries)."""
   key_b, key_w = jax.random.split(key)
-  return LinearProblem(B_star=orthonormal(key_b, dim, rep_dim),
-                       W_star=random_heads(key_w, num_clients, rep_dim),
+  heads = (random_heads(key_w, num_clients, rep_dim) if normalize_heads
+           else jax.random.normal(key_w, (num_clients, rep_dim)))
+  return LinearProblem(B_star=orthonormal(key_b, dim, rep_dim), W_star=heads,
                        noise_std=jnp.asarray(noise_std, jnp.float32))
 
 
@@ -125,6 +127,36 @@ class FreshData:
     each of their consumers (which would draw them twice per round).
     """
     return jax.lax.optimization_barrier(sample_clients(key, self.problem, clients, self.samples))
+
+
+@struct.dataclass
+class Targets:
+  """Population batch of clients: their ground-truth models theta_i* = B* w_i* [c, d]."""
+  theta_star: jax.Array
+
+
+@struct.dataclass
+class PopulationData:
+  """Population losses f_i(B, w) = 1/2 ||B w - B* w_i*||^2: exact gradients, no samples
+  (the setting of the FedAvg-FT theory)."""
+  problem: LinearProblem
+
+  @property
+  def num_clients(self) -> int:
+    return self.problem.num_clients
+
+  @property
+  def dim(self) -> int:
+    return self.problem.B_star.shape[0]
+
+  @property
+  def B_star(self) -> jax.Array:
+    return self.problem.B_star
+
+  def batch(self, key: jax.Array, clients: jax.Array) -> Targets:
+    """The targets theta_i* [c, d] of clients `clients` [c]."""
+    del key
+    return Targets(theta_star=self.problem.W_star[clients] @ self.problem.B_star.T)
 
 
 def make_fixed_data(key: jax.Array, problem: LinearProblem, samples: int,

@@ -10,13 +10,16 @@ ALGORITHMS = {
     "gd-gd": "alternating GD: one head GD step, then one GD step on B",
     "10gd-gd": "tau GD-GD: 10 head GD steps (any 'Ngd-gd'), then one GD step on B",
     "fedavg": "FedAvg on the linear model: one global (B, w), local GD steps, averaging",
+    "fedavg-tau2": "FedAvg with 2 local GD steps on (B, w) (any 'fedavg-tauN')",
+    "d-gd": "distributed GD: FedAvg with one local step (FedAvg-FT's baseline)",
     "local": "local only: each client's least-squares fit in R^d, no federation",
 }
 
 
 def make_algorithm(name: str, *, rep_dim: int, cohort: int, local_steps: int = 1,
                    head_fit: bool = False, init_method: str = "moments"):
-  """The round-based algorithm registered as `name` ('fedrep', 'gd-gd', 'Ngd-gd', 'fedavg')."""
+  """The round-based algorithm registered as `name`: 'fedrep', 'gd-gd', 'Ngd-gd', 'fedavg'
+  (with `local_steps`), 'fedavg-tauN' (N local steps) or 'd-gd' (one local step)."""
   if name == "fedrep":
     return FedRep(rep_dim=rep_dim, cohort=cohort, init_method=init_method, name=name)
   match = re.fullmatch(r"(\d*)gd-gd", name)
@@ -24,8 +27,10 @@ def make_algorithm(name: str, *, rep_dim: int, cohort: int, local_steps: int = 1
     steps = int(match.group(1) or 1)
     return FedRep(rep_dim=rep_dim, cohort=cohort, head_steps=steps, init_method=init_method,
                   name=name)
-  if name == "fedavg":
-    return FedAvg(rep_dim=rep_dim, cohort=cohort, local_steps=local_steps, head_fit=head_fit,
+  match = re.fullmatch(r"fedavg-tau(\d+)", name)
+  if name in ("fedavg", "d-gd") or match:
+    steps = 1 if name == "d-gd" else int(match.group(1)) if match else local_steps
+    return FedAvg(rep_dim=rep_dim, cohort=cohort, local_steps=steps, head_fit=head_fit,
                   init_method=init_method, name=name)
   raise ValueError(f"unknown round-based linear algorithm {name!r}; "
                    f"known: {', '.join(a for a in ALGORITHMS if a != 'local')}")

@@ -48,7 +48,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   for n in config.num_clients:
     data = common.seed_data(keys, num_clients=n, dim=config.dim, rep_dim=config.rep_dim,
                             noise_std=config.noise_std, samples=config.samples_per_client,
-                            fresh=config.data_mode == "fresh")
+                            mode=config.data_mode)
     for name in config.algorithms:
       algorithm = make_algorithm(name, rep_dim=config.rep_dim,
                                  cohort=cohort_size(n, config.participation))

@@ -87,17 +87,20 @@ def round_rows(algorithm: str, seeds: list[int], metrics: dict[str, np.ndarray],
   return rows
 
 
-def seed_data(keys, *, num_clients, dim, rep_dim, noise_std, samples, test_samples=0,
-              fresh=False):
+def seed_data(keys, *, num_clients, dim, rep_dim, noise_std, samples=0, test_samples=0,
+              mode="fixed", normalize_heads=True):
   """Problem and client data for every seed (leading seed axis), from keys [seeds, 3].
 
-  fresh=False: fixed local datasets of `samples` (+ `test_samples` held out) per client;
-  fresh=True: `samples` fresh samples per client every round.
+  mode 'fixed': fixed local datasets of `samples` (+ `test_samples` held out) per client;
+  'fresh': `samples` fresh samples per client every round; 'population': population losses.
   """
 
   def one(key_problem, key_data):
-    problem = problem_lib.make_problem(key_problem, num_clients, dim, rep_dim, noise_std)
-    if fresh:
+    problem = problem_lib.make_problem(key_problem, num_clients, dim, rep_dim, noise_std,
+                                       normalize_heads)
+    if mode == "population":
+      return problem_lib.PopulationData(problem)
+    if mode == "fresh":
       return problem_lib.FreshData(problem, samples)
     return problem_lib.make_fixed_data(key_data, problem, samples, test_samples)
 
