@@ -75,3 +75,26 @@ def test_error(thetas, X_test, y_test):
   """Mean over clients of the mean squared error of theta_i on client i's test samples."""
   return np.mean([np.mean((np.asarray(X_test[i], np.float64) @ thetas[i] - y_test[i]) ** 2)
                   for i in range(len(thetas))])
+
+
+def fedavg_population_round(B, w, theta_stars, clients, lr, local_steps):
+  """One FedAvg round on population losses 1/2 ||B w - theta_i*||^2."""
+  B, w = np.asarray(B, np.float64), np.asarray(w, np.float64)
+  new_Bs, new_ws = [], []
+  for i in clients:
+    Bi, wi = B.copy(), w.copy()
+    for _ in range(local_steps):
+      residual = Bi @ wi - theta_stars[i]
+      Bi, wi = Bi - lr * np.outer(residual, wi), wi - lr * Bi.T @ residual
+    new_Bs.append(Bi)
+    new_ws.append(wi)
+  return np.mean(new_Bs, axis=0), np.mean(new_ws, axis=0)
+
+
+def fine_tune(B, w, X, y, lr, steps, train_body=True):
+  """Full-batch GD on (1/2n)||X B w - y||^2 from (B, w); returns B w."""
+  B, w = np.asarray(B, np.float64), np.asarray(w, np.float64)
+  for _ in range(steps):
+    grad = X.T @ (X @ B @ w - y) / len(y)
+    B, w = (B - lr * np.outer(grad, w) if train_body else B), w - lr * B.T @ grad
+  return B @ w

@@ -55,8 +55,9 @@ def local_gd(B, w, batch, lr, steps: int, train_body: bool = True):
 
 
 def global_grad_norm(B, w, batch) -> jax.Array:
-  """||grad F(B, w)||: F the mean over the batch's clients of their losses (the global
-  objective, FedAvg-FT Eq. 6, with the 1/2 of f_i); the norm over both B and w."""
+  """||grad F(B, w)||: F the mean of the losses of the batch's clients (the round metric
+  passes all clients: the global objective of FedAvg-FT Eq. 6, with the 1/2 of f_i); the
+  norm is over both B and w."""
   grad = jnp.mean(jax.vmap(model_loss_and_grad, in_axes=(0, None))(batch, B @ w)[1], axis=0)
   return jnp.sqrt(jnp.sum(grad ** 2) * jnp.sum(w ** 2) + jnp.sum((B.T @ grad) ** 2))
 
@@ -96,7 +97,9 @@ class FedAvg:
     state = GlobalState(B=jnp.mean(B_i, axis=0), w=jnp.mean(w_i, axis=0))
     metrics = round_metrics(state.B, lambda: self.personal_models(state, data), data,
                             train_loss)
-    metrics["global_grad_norm"] = global_grad_norm(state.B, state.w, batch)
+    everyone = batch if self.cohort == data.num_clients else data.batch(
+        key_data, jnp.arange(data.num_clients))
+    metrics["global_grad_norm"] = global_grad_norm(state.B, state.w, everyone)
     metrics["conditioning"] = jnp.linalg.norm(
         jnp.eye(self.rep_dim) - hparams.lr * state.B.T @ state.B, ord=2)
     return state, metrics
