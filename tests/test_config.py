@@ -36,7 +36,8 @@ def test_cli_reports_bad_input_and_exits_2(capsys, tmp_path, compiles):
   assert cli.main(["run", "fedrep-fig3", "--set", "rep_dim=20", "--out", str(tmp_path)]) == 2
   assert "rep_dim=20 is out of range" in capsys.readouterr().err
   assert cli.main(["run", "no-such-recipe"]) == 2
-  assert "known recipes: fedrep-fig1" in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert "unknown recipe 'no-such-recipe'; known recipes:" in err and "fedrep-fig3" in err
   assert cli.main(["run", "fedrep-fig1", "--seeds", "0"]) == 2
   assert "--seeds must be an integer >= 1" in capsys.readouterr().err
   assert compiles.count == 0
@@ -51,8 +52,8 @@ def test_quick_and_overrides_resolve():
 def test_list(capsys):
   assert cli.main(["list"]) == 0
   out = capsys.readouterr().out
-  for name in ("fedrep-fig1", "fedrep-fig3", "fedrep-fig4", "fedrep", "gd-gd", "10gd-gd",
-               "fedavg", "local"):
+  for name in ("fedrep-fig1", "fedrep-fig3", "fedrep-fig4", "fedavg-ft-fig1", "fedavg-ft-fig3",
+               "fedrep", "gd-gd", "10gd-gd", "fedavg", "fedavg-tau2", "d-gd", "local"):
     assert f"  {name} " in out
 
 

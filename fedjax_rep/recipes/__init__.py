@@ -1,5 +1,6 @@
 """Named experiments (one per paper figure): importing this registers them all."""
 
-from fedjax_rep.recipes import (fedavg_ft_fig1, fedavg_ft_fig3, fedrep_fig1,  # noqa: F401
-                                fedrep_fig3, fedrep_fig4)
+# Registration order is listing order: FedRep, then FedAvg-FT.
+from fedjax_rep.recipes import fedrep_fig1, fedrep_fig3, fedrep_fig4  # noqa: F401  isort: skip
+from fedjax_rep.recipes import fedavg_ft_fig1, fedavg_ft_fig3  # noqa: F401  isort: skip
 from fedjax_rep.recipes.registry import RECIPES, get, resolve, run, run_to_dir  # noqa: F401
