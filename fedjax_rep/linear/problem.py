@@ -103,10 +103,9 @@ class FixedData:
 
 
 @struct.dataclass
-class FreshData:
-  """Fresh samples per round from `problem`: `samples` (m) per sampled client."""
+class ProblemData:
+  """Data drawn from a known ground truth `problem` (base of FreshData, PopulationData)."""
   problem: LinearProblem
-  samples: int = struct.field(pytree_node=False)
 
   @property
   def num_clients(self) -> int:
@@ -119,6 +118,12 @@ class FreshData:
   @property
   def B_star(self) -> jax.Array:
     return self.problem.B_star
+
+
+@struct.dataclass
+class FreshData(ProblemData):
+  """Fresh samples per round from `problem`: `samples` (m) per sampled client."""
+  samples: int = struct.field(pytree_node=False)
 
   def batch(self, key: jax.Array, clients: jax.Array):
     """m fresh samples (X [c, m, d], y [c, m]) for each client in `clients` [c].
@@ -136,22 +141,9 @@ class Targets:
 
 
 @struct.dataclass
-class PopulationData:
+class PopulationData(ProblemData):
   """Population losses f_i(B, w) = 1/2 ||B w - B* w_i*||^2: exact gradients, no samples
   (the setting of the FedAvg-FT theory)."""
-  problem: LinearProblem
-
-  @property
-  def num_clients(self) -> int:
-    return self.problem.num_clients
-
-  @property
-  def dim(self) -> int:
-    return self.problem.B_star.shape[0]
-
-  @property
-  def B_star(self) -> jax.Array:
-    return self.problem.B_star
 
   def batch(self, key: jax.Array, clients: jax.Array) -> Targets:
     """The targets theta_i* [c, d] of clients `clients` [c]."""

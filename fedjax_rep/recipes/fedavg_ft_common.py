@@ -8,6 +8,8 @@ matrix, so that ||I - alpha B0^T B0|| = 0 (sqrt(alpha) B0 orthonormal); w0 = 0 (
 At lr 0.1 the same orderings hold, only slower.
 """
 
+import dataclasses
+
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import linear_common as common
@@ -18,9 +20,25 @@ def algorithm_name(local_steps: int) -> str:
   return "d-gd" if local_steps == 1 else f"fedavg-tau{local_steps}"
 
 
-def data_mode(default="population"):
-  return cfg.choice("population losses, or fixed / fresh samples per client", default,
-                    ("population", "fixed", "fresh"))
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+  """The training part of a FedAvg-FT recipe's configuration."""
+  num_clients: int = common.num_clients(40)
+  dim: int = common.dim(100)
+  rep_dim: int = common.rep_dim(5)
+  rounds: int = common.rounds(2000)
+  participation: float = common.participation(1.0)
+  lr: float = common.lr(0.2, "step size alpha of every local GD step")
+  local_steps: tuple = cfg.positive_int("local steps tau to compare (1 = D-GD)", (1, 2, 5, 10),
+                                        sequence=True)
+  data_mode: str = cfg.choice("population losses, or fixed / fresh samples per client",
+                              "population", ("population", "fixed", "fresh"))
+  samples_per_client: int = common.samples_per_client(100)
+  noise_std: float = common.noise_std(0.0)
+  seed: int = common.seed()
+
+  def check(self):
+    common.check_rep_dim(self)
 
 
 def train(config, keys, local_steps: int, unit, progress: bool):

@@ -8,7 +8,6 @@ names fedavg-tau2/5/10) and D-GD (tau = 1, `d-gd`), 10 seeds with a min-max band
 
 import dataclasses
 
-from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import fedavg_ft_common as ft
 from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
@@ -16,22 +15,8 @@ from fedjax_rep.recipes.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-  num_clients: int = common.num_clients(40)
-  dim: int = common.dim(100)
-  rep_dim: int = common.rep_dim(5)
-  rounds: int = common.rounds(2000)
-  participation: float = common.participation(1.0)
-  lr: float = common.lr(0.2, "step size alpha of every local GD step")
-  local_steps: tuple = cfg.positive_int("local steps tau to compare (1 = D-GD)", (1, 2, 5, 10),
-                                        sequence=True)
-  data_mode: str = ft.data_mode()
-  samples_per_client: int = common.samples_per_client(100)
-  noise_std: float = common.noise_std(0.0)
-  seed: int = common.seed()
-
-  def check(self):
-    common.check_rep_dim(self)
+class Config(ft.TrainingConfig):
+  """FedAvg with tau in {2, 5, 10} and D-GD, 2000 rounds (the training defaults)."""
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
@@ -46,14 +31,11 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
 
 
 def plot(rows, config: Config, file) -> None:
-  fig, (ax,) = plotting.figure(1, width=5.5)
-  for tau in config.local_steps:
-    name = ft.algorithm_name(tau)
-    plotting.line(ax, rows, "round", "principal_angle", name, algorithm=name)
-  ax.set(yscale="log", xlabel="communication round", ylabel="principal angle distance",
-         title=f"FedAvg-FT Fig. 1: d={config.dim}, k={config.rep_dim}, M={config.num_clients}")
-  ax.legend()
-  plotting.save(fig, file)
+  plotting.one_panel(rows, "round", "principal_angle",
+                     [ft.algorithm_name(tau) for tau in config.local_steps], file,
+                     xlabel="communication round", ylabel="principal angle distance",
+                     title=f"FedAvg-FT Fig. 1: d={config.dim}, k={config.rep_dim}, "
+                     f"M={config.num_clients}")
 
 
 RECIPE = register(Recipe(

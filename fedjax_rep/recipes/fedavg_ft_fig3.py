@@ -27,28 +27,16 @@ from fedjax_rep.recipes.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-  num_clients: int = common.num_clients(40)
-  dim: int = common.dim(100)
-  rep_dim: int = common.rep_dim(5)
+class Config(ft.TrainingConfig):
   rounds: int = common.rounds(5000)
-  participation: float = common.participation(1.0)
-  lr: float = common.lr(0.2, "step size alpha of every local GD step")
   local_steps: tuple = cfg.positive_int("local steps tau to compare (1 = D-GD)", (1, 2),
                                         sequence=True)
-  data_mode: str = ft.data_mode()
-  samples_per_client: int = common.samples_per_client(100)
-  noise_std: float = common.noise_std(0.0)
-  seed: int = common.seed()
   finetune_samples: tuple = cfg.positive_int("samples n of each new client (x-axis)",
                                              (5, 10, 20, 50, 100, 200, 500), sequence=True)
   finetune_steps: int = cfg.positive_int("GD steps tau' of the new clients' fine-tuning", 200)
   finetune_lr: float = common.lr(0.02, "step size of the fine-tuning GD steps")
   finetune_noise_std: float = common.noise_std(0.1)
   new_clients: int = cfg.positive_int("number of new clients averaged over", 100)
-
-  def check(self):
-    common.check_rep_dim(self)
 
 
 @functools.partial(jax.jit, static_argnames=("sample_counts", "num_clients", "steps"))
