@@ -46,6 +46,33 @@ def test_population_fedavg_matches_reference(local_steps, cohort):
                              atol=1e-5)
 
 
+def test_datasets_of_different_sizes_weigh_by_sample_count():
+  rng = np.random.default_rng(0)
+  counts = np.array([3, 8, 5, 1])
+  X = [rng.standard_normal((c, D)) for c in counts]
+  y = [rng.standard_normal(c) for c in counts]
+  padded_X = np.zeros((4, 8, D))
+  padded_y = np.full((4, 8), 99.0)  # garbage in the padding must not matter
+  for i, c in enumerate(counts):
+    padded_X[i, :c], padded_y[i, :c] = X[i], y[i]
+  data = fr.client_data(padded_X, padded_y, counts=counts)
+  B0, w0 = rng.standard_normal((D, K)) * 0.3, rng.standard_normal(K) * 0.3
+  state = fr.GlobalState(B=jnp.asarray(B0, jnp.float32), w=jnp.asarray(w0, jnp.float32))
+  result = fr.run(fr.FedAvg(rep_dim=K, cohort=4, local_steps=3), data, hparams(0.05),
+                  jax.random.key(0), 1, state=state, progress=False)
+  new_Bs, new_ws = [], []
+  for i in range(4):  # each client on its real samples only
+    B, w, _ = ref.fedavg_round(B0, w0, [X[i]], [y[i]], [0], 0.05, 3)
+    new_Bs.append(B)
+    new_ws.append(w)
+  weights = counts / counts.sum()
+  np.testing.assert_allclose(result.state.B, np.einsum("c,cdk->dk", weights, new_Bs),
+                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(result.state.w, weights @ np.array(new_ws), rtol=RTOL, atol=ATOL)
+  with pytest.raises(ValueError, match=r"counts must be \[clients=4\] integers in \[1, "):
+    fr.client_data(padded_X, padded_y, counts=[3, 9, 5, 1])
+
+
 def test_random_scaled_init_makes_sqrt_lr_B_orthonormal():
   _, data = population()
   state = fr.init_state(fr.FedAvg(rep_dim=K, cohort=N, init_method="random-scaled"), data,

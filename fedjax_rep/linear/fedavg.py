@@ -1,7 +1,8 @@
 """FedAvg on the linear model: one global (B, w), `local_steps` GD steps per client, averaging.
 
 Each sampled client starts from the global (B, w) and takes `local_steps` gradient steps on
-both of (1/2m)||X_i B w - y_i||^2; the server averages the clients' (B_i, w_i). With
+both of its loss; the server averages the clients' (B_i, w_i), weighted by their numbers of
+samples (equal weights for datasets of one size and for population losses). With
 `head_fit=True` the personal models are the global B with a per-client least-squares head
 fitted on the client's own data (FedAvg + head fine-tuning); otherwise every client uses w.
 """
@@ -27,28 +28,30 @@ class GlobalState:
   w: jax.Array
 
 
-def model_loss_and_grad(batch, theta: jax.Array):
+def model_loss_and_grad(batch, theta: jax.Array, count=None):
   """One client's loss at the model theta = B w [d] and its gradient in theta [d].
 
-  batch: (X [m, d], y [m]) for the sample loss (1/2m)||X theta - y||^2, or `Targets` (one
-  client's theta* [d]) for the population loss 1/2 ||theta - theta*||^2. The gradients in B
-  and w follow by the chain rule: g w^T and B^T g.
+  batch: (X [m, d], y [m]) for the sample loss (1/2 count)||X theta - y||^2 (count: the real
+  samples, padding rows being zero; default m), or `Targets` (one client's theta* [d]) for
+  the population loss 1/2 ||theta - theta*||^2. The gradients in B and w follow by the chain
+  rule: g w^T and B^T g.
   """
   if isinstance(batch, Targets):
     residual = theta - batch.theta_star
     return 0.5 * jnp.sum(residual ** 2), residual
   X, y = batch
+  count = y.shape[0] if count is None else count
   residual = X @ theta - y
-  return 0.5 * jnp.mean(residual ** 2), X.T @ residual / y.shape[0]
+  return 0.5 * jnp.sum(residual ** 2) / count, X.T @ residual / count
 
 
-def local_gd(B, w, batch, lr, steps: int, train_body: bool = True):
+def local_gd(B, w, batch, lr, steps: int, train_body: bool = True, count=None):
   """`steps` simultaneous GD steps on (B [d, k], w [k]) of one client's loss (see
   `model_loss_and_grad`), or on w alone with train_body=False; returns the final (B, w)."""
 
   def step(_, params):
     B, w = params
-    grad = model_loss_and_grad(batch, B @ w)[1]
+    grad = model_loss_and_grad(batch, B @ w, count)[1]
     return (B - lr * jnp.outer(grad, w) if train_body else B), w - lr * B.T @ grad
 
   return jax.lax.fori_loop(0, steps, step, (B, w))
@@ -90,11 +93,13 @@ class FedAvg:
     key_cohort, key_data = jax.random.split(key)
     clients = cohort_lib.sample_cohort(key_cohort, data.num_clients, self.cohort)
     batch = data.batch(key_data, clients)
-    train_loss = jnp.mean(jax.vmap(model_loss_and_grad, in_axes=(0, None))(
-        batch, state.B @ state.w)[0])
-    B_i, w_i = jax.vmap(local_gd, in_axes=(None, None, 0, None, None))(
-        state.B, state.w, batch, hparams.lr, self.local_steps)
-    state = GlobalState(B=jnp.mean(B_i, axis=0), w=jnp.mean(w_i, axis=0))
+    counts = data.sample_counts(clients)
+    weights = counts / jnp.sum(counts)  # clients weigh by their number of samples
+    train_loss = jnp.sum(weights * jax.vmap(model_loss_and_grad, in_axes=(0, None, 0))(
+        batch, state.B @ state.w, counts)[0])
+    B_i, w_i = jax.vmap(local_gd, in_axes=(None, None, 0, None, None, None, 0))(
+        state.B, state.w, batch, hparams.lr, self.local_steps, True, counts)
+    state = GlobalState(B=jnp.einsum("c,cdk->dk", weights, B_i), w=weights @ w_i)
     metrics = round_metrics(state.B, lambda: self.personal_models(state, data), data,
                             train_loss)
     everyone = batch if self.cohort == data.num_clients else data.batch(

@@ -75,12 +75,23 @@ def sample_clients(key: jax.Array, problem: LinearProblem, clients: jax.Array, n
 
 @struct.dataclass
 class FixedData:
-  """Fixed local datasets: X [n, m, d], y [n, m]; optional test set and ground truth B*."""
+  """Fixed local datasets: X [n, m, d], y [n, m]; optional test set and ground truth B*.
+
+  Datasets of different sizes are padded to m with zero rows, with `counts` [n] the number
+  of real samples of each client (None: all m are real).
+  """
   X: jax.Array
   y: jax.Array
   X_test: jax.Array | None = None
   y_test: jax.Array | None = None
   B_star: jax.Array | None = None
+  counts: jax.Array | None = None
+
+  def sample_counts(self, clients: jax.Array) -> jax.Array:
+    """Number of real samples [c] of clients `clients` [c]."""
+    if self.counts is None:
+      return jnp.full(clients.shape, self.samples, jnp.float32)
+    return self.counts[clients].astype(jnp.float32)
 
   @property
   def num_clients(self) -> int:
@@ -125,6 +136,9 @@ class FreshData(ProblemData):
   """Fresh samples per round from `problem`: `samples` (m) per sampled client."""
   samples: int = struct.field(pytree_node=False)
 
+  def sample_counts(self, clients: jax.Array) -> jax.Array:
+    return jnp.full(clients.shape, self.samples, jnp.float32)
+
   def batch(self, key: jax.Array, clients: jax.Array):
     """m fresh samples (X [c, m, d], y [c, m]) for each client in `clients` [c].
 
@@ -145,6 +159,10 @@ class PopulationData(ProblemData):
   """Population losses f_i(B, w) = 1/2 ||B w - B* w_i*||^2: exact gradients, no samples
   (the setting of the FedAvg-FT theory)."""
 
+  def sample_counts(self, clients: jax.Array) -> jax.Array:
+    """Every client weighs the same in the population objective."""
+    return jnp.ones(clients.shape, jnp.float32)
+
   def batch(self, key: jax.Array, clients: jax.Array) -> Targets:
     """The targets theta_i* [c, d] of clients `clients` [c]."""
     del key
@@ -163,12 +181,23 @@ def make_fixed_data(key: jax.Array, problem: LinearProblem, samples: int,
   return FixedData(X=X, y=y, X_test=X_test, y_test=y_test, B_star=problem.B_star)
 
 
-def client_data(X, y, *, X_test=None, y_test=None, B_star=None) -> FixedData:
-  """Wraps user-supplied client data (X [n, m, d], y [n, m]) after checking shapes."""
+def client_data(X, y, *, X_test=None, y_test=None, B_star=None, counts=None) -> FixedData:
+  """Wraps user-supplied client data (X [n, m, d], y [n, m]) after checking shapes.
+
+  For datasets of different sizes pass `counts` [n]: client i's real samples are its first
+  counts[i] rows; the rest are padding and are set to zero here.
+  """
   X, y = jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)
   if X.ndim != 3 or y.shape != X.shape[:2]:
     raise ValueError(f"client data must be X [clients, samples, dim] and y [clients, samples]; "
                      f"got X {X.shape} and y {y.shape}")
+  if counts is not None:
+    counts = jnp.asarray(counts, jnp.int32)
+    if counts.shape != X.shape[:1] or not bool(jnp.all((counts >= 1) & (counts <= X.shape[1]))):
+      raise ValueError(f"counts must be [clients={X.shape[0]}] integers in [1, samples="
+                       f"{X.shape[1]}]; got {counts}")
+    real = jnp.arange(X.shape[1])[None, :] < counts[:, None]
+    X, y = jnp.where(real[..., None], X, 0.0), jnp.where(real, y, 0.0)
   if (X_test is None) != (y_test is None):
     raise ValueError("pass both X_test and y_test, or neither")
   if X_test is not None:
@@ -181,4 +210,4 @@ def client_data(X, y, *, X_test=None, y_test=None, B_star=None) -> FixedData:
     B_star = jnp.asarray(B_star, jnp.float32)
     if B_star.ndim != 2 or B_star.shape[0] != X.shape[2]:
       raise ValueError(f"B_star must be [dim={X.shape[2]}, rep_dim]; got {B_star.shape}")
-  return FixedData(X=X, y=y, X_test=X_test, y_test=y_test, B_star=B_star)
+  return FixedData(X=X, y=y, X_test=X_test, y_test=y_test, B_star=B_star, counts=counts)
