@@ -151,7 +151,6 @@ def machine_rates(repeats):
   big = jnp.ones((100_000_000,), jnp.float32)  # 400 MB
   total = jax.jit(jnp.sum)
   read_s = seconds_per_call(lambda: total(big).block_until_ready(), 0.2, repeats)
-  del big
   src = np.ones(100_000_000, np.float32)
   dst = np.empty_like(src)
   copy_s = seconds_per_call(lambda: np.copyto(dst, src), 0.2, repeats)

@@ -42,7 +42,6 @@ def main(argv=None) -> int:
   from fedjax_rep.recipes import config as cfg
   from fedjax_rep.recipes import registry
   try:
-    registry.resolve(args.recipe, quick=args.quick, overrides=args.overrides)
     out = registry.run_to_dir(args.recipe, quick=args.quick, seeds=args.seeds,
                               overrides=args.overrides, out=args.out,
                               progress=not args.no_progress)

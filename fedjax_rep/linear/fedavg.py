@@ -16,8 +16,8 @@ from flax import struct
 from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import init as init_lib
-from fedjax_rep.linear.fedrep import round_metrics
 from fedjax_rep.linear.hparams import LinearHparams
+from fedjax_rep.linear.metrics import round_metrics
 from fedjax_rep.linear.problem import FixedData, Targets
 
 

@@ -18,7 +18,7 @@ from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.problem import FixedData
-from fedjax_rep.linear.metrics import mean_squared_error, principal_angle
+from fedjax_rep.linear.metrics import round_metrics
 
 
 @struct.dataclass
@@ -37,16 +37,6 @@ def mean_rep_gradient(X: jax.Array, residual: jax.Array, w: jax.Array) -> jax.Ar
   """
   c, m = residual.shape
   return jnp.einsum("cmd,cm,ck->dk", X, residual, w) / (c * m)
-
-
-def round_metrics(B, theta_fn, data, train_loss):
-  """train_loss, and principal_angle / test_error where the data has B* / a test set."""
-  metrics = {"train_loss": train_loss}
-  if data.B_star is not None:
-    metrics["principal_angle"] = principal_angle(B, data.B_star)
-  if isinstance(data, FixedData) and data.X_test is not None:
-    metrics["test_error"] = mean_squared_error(theta_fn(), data.X_test, data.y_test)
-  return metrics
 
 
 @dataclasses.dataclass(frozen=True)

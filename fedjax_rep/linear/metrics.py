@@ -3,6 +3,8 @@
 import jax
 import jax.numpy as jnp
 
+from fedjax_rep.linear.problem import FixedData
+
 
 def principal_angle(B: jax.Array, B_star: jax.Array) -> jax.Array:
   """dist(B, B*) = ||(I - Q Q^T) Q*||_2: the sine of the largest principal angle (not squared).
@@ -18,3 +20,13 @@ def principal_angle(B: jax.Array, B_star: jax.Array) -> jax.Array:
 def mean_squared_error(theta: jax.Array, X: jax.Array, y: jax.Array) -> jax.Array:
   """Mean over clients and samples of (x^T theta_i - y)^2; theta [n, d], X [n, m, d], y [n, m]."""
   return jnp.mean((jnp.einsum("nmd,nd->nm", X, theta) - y) ** 2)
+
+
+def round_metrics(B, theta_fn, data, train_loss):
+  """train_loss, and principal_angle / test_error where the data has B* / a test set."""
+  metrics = {"train_loss": train_loss}
+  if data.B_star is not None:
+    metrics["principal_angle"] = principal_angle(B, data.B_star)
+  if isinstance(data, FixedData) and data.X_test is not None:
+    metrics["test_error"] = mean_squared_error(theta_fn(), data.X_test, data.y_test)
+  return metrics

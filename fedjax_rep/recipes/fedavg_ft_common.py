@@ -10,6 +10,7 @@ At lr 0.1 the same orderings hold, only slower.
 
 import dataclasses
 
+from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import linear_common as common
@@ -42,10 +43,8 @@ class TrainingConfig:
 
 
 def train(config, keys, local_steps: int, unit, progress: bool):
-  """Runs FedAvg with `local_steps` on every seed; returns (name, metrics + final B and w)."""
-  import numpy as np
-
-  from fedjax_rep.core.cohort import cohort_size
+  """Runs FedAvg with `local_steps` on every seed; returns (name, data, metrics + final B
+  and w)."""
   name = algorithm_name(local_steps)
   data = common.seed_data(keys, num_clients=config.num_clients, dim=config.dim,
                           rep_dim=config.rep_dim, noise_std=config.noise_std,
@@ -54,10 +53,5 @@ def train(config, keys, local_steps: int, unit, progress: bool):
   algorithm = make_algorithm(name, rep_dim=config.rep_dim,
                              cohort=cohort_size(config.num_clients, config.participation),
                              init_method="random-scaled")
-
-  def compute():
-    result = common.run_seeds(algorithm, data, common.hparams(config), keys, config.rounds,
-                              progress, desc=name)
-    return {**result.metrics, "B": np.asarray(result.state.B), "w": np.asarray(result.state.w)}
-
-  return name, data, unit(f"{name}-train", compute)
+  return name, data, common.trained(unit, algorithm, data, common.hparams(config), keys,
+                                   config.rounds, progress, keep=("B", "w"))

@@ -24,9 +24,6 @@ from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes.registry import Recipe, register
 
-ALGORITHMS = ("local", "fedavg", "fedrep")
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
   num_clients: int = common.num_clients(100)
@@ -42,7 +39,8 @@ class Config:
   test_samples: int = cfg.positive_int("held-out test samples per client", 100)
   noise_std: float = common.noise_std()
   seed: int = common.seed()
-  algorithms: tuple = cfg.choice("algorithms to compare", ALGORITHMS, ALGORITHMS, sequence=True)
+  algorithms: tuple = cfg.choice("algorithms to compare", common.FEDREP_BASELINES,
+                                 common.FEDREP_BASELINES, sequence=True)
 
   def check(self):
     common.check_rep_dim(self)

@@ -24,9 +24,6 @@ from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes.registry import Recipe, register
 
-ALGORITHMS = ("local", "fedavg", "fedrep")
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
   num_clients: int = common.num_clients(100)
@@ -45,7 +42,8 @@ class Config:
   test_samples: int = cfg.positive_int("test samples per new client", 500)
   noise_std: float = common.noise_std()
   seed: int = common.seed()
-  algorithms: tuple = cfg.choice("algorithms to compare", ALGORITHMS, ALGORITHMS, sequence=True)
+  algorithms: tuple = cfg.choice("algorithms to compare", common.FEDREP_BASELINES,
+                                 common.FEDREP_BASELINES, sequence=True)
 
   def check(self):
     common.check_rep_dim(self)
@@ -75,15 +73,10 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
                                  local_steps=config.fedavg_local_steps,
                                  init_method=config.fedavg_init if name == "fedavg"
                                  else "moments")
-
-      def train():
-        result = common.run_seeds(algorithm, data, common.hparams(config), keys, config.rounds,
-                                  progress, desc=name)
-        return {**result.metrics, "B": np.asarray(result.state.B)}
-
-      trained = unit(f"{name}-train", train)
-      B = trained.pop("B")
-      rows += common.round_rows(name, seed_values, trained)
+      metrics = common.trained(unit, algorithm, data, common.hparams(config), keys,
+                               config.rounds, progress)
+      B = metrics.pop("B")
+      rows += common.round_rows(name, seed_values, metrics)
     errors = unit(f"{name}-new", lambda: {"new_client_error": np.asarray(new_client_errors(
         new_client_keys, B, data.B_star, config.noise_std, config.new_client_samples,
         config.new_clients, config.test_samples))})["new_client_error"]

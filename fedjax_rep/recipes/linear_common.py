@@ -54,6 +54,9 @@ def check_rep_dim(config):
                           f"integer in [1, dim={config.dim}] (k <= d)")
 
 
+FEDREP_BASELINES = ("local", "fedavg", "fedrep")  # FedRep Figs. 1 and 4
+
+
 def fedavg_init(default="random"):
   return cfg.choice("FedAvg's initial B: random (standard FedAvg) or FedRep's method of "
                     "moments", default, ("random", "moments"))
@@ -74,6 +77,17 @@ def run_seeds(algorithm, data, hparams, keys, num_rounds, progress=True, desc=No
   """Runs `algorithm` on every seed at once (one vmapped program); data has a seed axis."""
   return loop.run(algorithm, data, hparams, keys[:, 2], num_rounds, sweep_axes=(0, None, 0),
                   progress=progress, desc=desc)
+
+
+def trained(unit, algorithm, data, hparams, keys, num_rounds, progress, keep=("B",)):
+  """Cached unit '<name>-train': metrics [seeds, rounds] of `run_seeds`, plus the final
+  state's fields `keep` ([seeds, ...]) under their own names."""
+
+  def compute():
+    result = run_seeds(algorithm, data, hparams, keys, num_rounds, progress, desc=algorithm.name)
+    return {**result.metrics, **{k: np.asarray(getattr(result.state, k)) for k in keep}}
+
+  return unit(f"{algorithm.name}-train", compute)
 
 
 def round_rows(algorithm: str, seeds: list[int], metrics: dict[str, np.ndarray], **columns):

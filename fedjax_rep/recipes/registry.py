@@ -60,12 +60,17 @@ def _call_unit(name, compute):
   return compute()
 
 
+def _prepare(name, quick, seeds, overrides):
+  """(recipe, validated config, number of seeds): every check, before any work."""
+  recipe = get(name)
+  config = resolve(name, quick=quick, overrides=overrides)
+  return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds)
+
+
 def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(),
         progress: bool = True) -> tuple[list[dict], object]:
   """Runs recipe `name` in memory; returns (rows, resolved config). Writes no files."""
-  recipe = get(name)
-  config = resolve(name, quick=quick, overrides=overrides)
-  seeds = check_seeds(recipe.default_seeds if seeds is None else seeds)
+  recipe, config, seeds = _prepare(name, quick, seeds, overrides)
   return recipe.run(config, seeds, unit=_call_unit, progress=progress), config
 
 
@@ -76,9 +81,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   Finished units are saved under out/parts, so running again with the same `out` and
   configuration resumes instead of starting over. Returns the output directory.
   """
-  recipe = get(name)
-  config = resolve(name, quick=quick, overrides=overrides)
-  seeds = check_seeds(recipe.default_seeds if seeds is None else seeds)
+  recipe, config, seeds = _prepare(name, quick, seeds, overrides)
   if out is None:
     out = os.path.join("runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
   run_dir = outputs.RunDir(out, {"recipe": name, "quick": quick, "seeds": seeds,
