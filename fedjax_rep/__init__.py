@@ -9,14 +9,17 @@ from fedjax_rep.core.tree import gather, scatter
 from fedjax_rep.linear.fedavg import (FedAvg, GlobalState, fine_tuned_models, global_grad_norm,
                                       local_gd, model_loss_and_grad)
 from fedjax_rep.linear.fedrep import FedRep, RepState, mean_rep_gradient
+from fedjax_rep.linear.flute import Flute, regularizer, regularizer_grads
 from fedjax_rep.linear.heads import fit_models, head_gd, least_squares, solve_spd
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.init import init_representation, method_of_moments
 from fedjax_rep.linear.local import fine_tune_error, local_models, new_client_error
-from fedjax_rep.linear.metrics import mean_squared_error, principal_angle
+from fedjax_rep.linear.metrics import mean_squared_error, model_error, principal_angle
 from fedjax_rep.linear.problem import (FixedData, FreshData, LinearProblem, PopulationData,
                                        Targets, client_data, make_fixed_data, make_problem,
                                        sample, sample_clients)
+from fedjax_rep.linear.underparam import make_models, rank_k_error, spectrum, top_subspace
+from fedjax_rep.linear.underparam import make_data as make_underparam_data
 from fedjax_rep.linear.registry import ALGORITHMS, make_algorithm
 from fedjax_rep.recipes import RECIPES, resolve, run_to_dir
 from fedjax_rep.recipes import run as run_recipe

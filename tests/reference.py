@@ -60,13 +60,15 @@ def fedavg_round(B, w, X, y, clients, lr, local_steps):
 
 
 def method_of_moments(X, y, k):
-  """Top-k eigenvectors of (1/n) sum_i (1/m) sum_j y_ij^2 x_ij x_ij^T."""
-  n, m, d = X.shape
+  """Top-k eigenvectors of (1/n) sum_i (1/m_i) sum_j y_ij^2 x_ij x_ij^T; X, y: per-client
+  arrays [m_i, d], [m_i] (m_i may differ)."""
+  n, d = len(X), X[0].shape[-1]
   moments = np.zeros((d, d))
   for i in range(n):
+    m = len(y[i])
     for j in range(m):
-      x = np.asarray(X[i, j], np.float64)
-      moments += float(y[i, j]) ** 2 * np.outer(x, x) / (n * m)
+      x = np.asarray(X[i][j], np.float64)
+      moments += float(y[i][j]) ** 2 * np.outer(x, x) / (n * m)
   values, vectors = np.linalg.eigh(moments)
   return vectors[:, np.argsort(values)[::-1][:k]]
 
@@ -98,3 +100,21 @@ def fine_tune(B, w, X, y, lr, steps, train_body=True):
     grad = X.T @ (X @ B @ w - y) / len(y)
     B, w = (B - lr * np.outer(grad, w) if train_body else B), w - lr * B.T @ grad
   return B @ w
+
+
+def flute_round(B, heads, X, y, lr, reg_lr, gamma1, gamma2, scale):
+  """One linear FLUTE round (Eqs. 5-6) over all clients; X, y: per-client arrays [N_i, d],
+  [N_i]; L_i = (scale / N_i) ||X_i B w_i - y_i||^2. Returns (B, heads)."""
+  B, W = np.asarray(B, np.float64), np.asarray(heads, np.float64).T  # W [k, M]
+  grad_B, grad_W = np.zeros_like(B), np.zeros_like(W)
+  for i in range(W.shape[1]):
+    Xi, yi = np.asarray(X[i], np.float64), np.asarray(y[i], np.float64)
+    residual = Xi @ B @ W[:, i] - yi
+    grad_B += 2 * scale / len(yi) * np.outer(Xi.T @ residual, W[:, i])
+    grad_W[:, i] = 2 * scale / len(yi) * B.T @ Xi.T @ residual
+  # Eq. 6: gradients of -g1 ||BW||^2 + g2 (||B^T B||^2 + ||W W^T||^2) at the previous iterate
+  reg_B = -2 * gamma1 * B @ W @ W.T + 4 * gamma2 * B @ B.T @ B
+  reg_W = -2 * gamma1 * B.T @ B @ W + 4 * gamma2 * W @ W.T @ W
+  B_new = B - lr * grad_B - reg_lr * reg_B
+  W_new = W - lr * grad_W - reg_lr * reg_W
+  return B_new, W_new.T

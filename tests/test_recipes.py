@@ -55,3 +55,24 @@ def test_fedrep_fig4_quick():
       assert error["fedrep", m_new] < 0.05
     if m_new < config.dim:
       assert error["local", m_new] > 0.3
+
+
+def test_flute_fig3_cell_quick():
+  """One cell of flute-fig3 (k=6, M=15): FLUTE beats FedRep(RI) at N=12 (not at N=20)."""
+  rows, config = fr.run_recipe("flute-fig3", quick=True, progress=False, overrides=[
+      "rep_dim=6", "num_clients=15"])
+  error = final_mean(rows, "model_error", "samples_per_client", config.rounds)
+  assert error["flute", 12] < error["fedrep-ri", 12] - 0.5
+  floor = final_mean(rows, "rank_k_error", "samples_per_client", config.rounds)
+  assert all(error[key] > floor[key] for key in error)  # nobody beats the rank-k floor
+  assert not any(r["diverged_round"] for r in rows)
+
+
+def test_flute_fig4_quick_flags_divergence():
+  rows, config = fr.run_recipe("flute-fig4", quick=True, progress=False,
+                               overrides=["loss=mean"])
+  assert {r["gamma1"] for r in rows} == {r * config.gamma2 for r in config.gamma1_ratios}
+  assert len(rows) == 5 * len(config.gamma1_ratios) * len(config.samples_per_client) * 300
+  for r in rows:  # the 1/N loss diverges at eta = 0.03; every run is flagged, none crashes
+    assert 0 < r["diverged_round"] <= 50
+    assert (r["round"] >= r["diverged_round"]) == np.isnan(r["model_error"])

@@ -40,29 +40,50 @@ def split_run_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
   return init_key, rounds_key
 
 
-def _scan_rounds(algorithm, state, data, hparams, rounds_key, start, num_rounds, chunk):
-  """`chunk` rounds from round `start`; rounds at or past `num_rounds` leave the state as is."""
+def all_finite(tree) -> jax.Array:
+  """True when every floating-point entry of `tree` is finite."""
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
-  def step(state, t):
-    return algorithm.round(state, jax.random.fold_in(rounds_key, t), data, hparams)
 
-  def skip(state, t):
-    shapes = jax.eval_shape(step, state, t)[1]
-    return state, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
+def _scan_rounds(algorithm, state, diverged, data, hparams, rounds_key, start, num_rounds,
+                 chunk):
+  """`chunk` rounds from round `start`; returns ((state, diverged), metrics [chunk]).
 
-  def body(state, t):
-    return jax.lax.cond(t < num_rounds, step, skip, state, t)
+  Rounds at or past `num_rounds`, and every round of a diverged run, leave the state as is
+  and report NaN metrics. A round whose new state or metrics are not finite diverges: the
+  state keeps its last finite value and `diverged` (also a metric, 0/1 per round) stays 1
+  from then on.
+  """
 
-  return jax.lax.scan(body, state, start + jnp.arange(chunk))
+  def step(carry, t):
+    state, _ = carry
+    new_state, metrics = algorithm.round(state, jax.random.fold_in(rounds_key, t), data,
+                                         hparams)
+    finite = all_finite((new_state, metrics))
+    state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+    metrics = jax.tree.map(lambda m: jnp.where(finite, m, jnp.nan), metrics)
+    return (state, ~finite), {**metrics, "diverged": (~finite).astype(jnp.float32)}
+
+  def skip(carry, t):
+    shapes = jax.eval_shape(step, carry, t)[1]
+    metrics = jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
+    return carry, {**metrics, "diverged": carry[1].astype(jnp.float32)}
+
+  def body(carry, t):
+    return jax.lax.cond((t < num_rounds) & ~carry[1], step, skip, carry, t)
+
+  return jax.lax.scan(body, (state, diverged), start + jnp.arange(chunk))
 
 
 @functools.partial(jax.jit, static_argnames=("algorithm", "chunk", "sweep_axes"))
-def _run_chunk(algorithm, state, data, hparams, rounds_key, start, num_rounds, *, chunk,
-               sweep_axes):
+def _run_chunk(algorithm, state, diverged, data, hparams, rounds_key, start, num_rounds, *,
+               chunk, sweep_axes):
   scan = functools.partial(_scan_rounds, algorithm, chunk=chunk)
   if sweep_axes is not None:
-    scan = jax.vmap(scan, in_axes=(0, *sweep_axes, None, None))
-  return scan(state, data, hparams, rounds_key, start, num_rounds)
+    scan = jax.vmap(scan, in_axes=(0, 0, *sweep_axes, None, None))
+  return scan(state, diverged, data, hparams, rounds_key, start, num_rounds)
 
 
 @functools.partial(jax.jit, static_argnames=("algorithm", "sweep_axes"))
@@ -104,7 +125,9 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     progress: show a progress bar (rounds done / total, rounds per second).
   Returns:
     RunResult with metrics[name] of shape [rounds] ([sweep, rounds] when sweeping), where
-    rounds = num_rounds - start_round.
+    rounds = num_rounds - start_round. A run whose state (or a metric) becomes non-finite stops there
+    (the state keeps its last finite value; the rest of a sweep goes on): from that round
+    on metrics["diverged"] is 1 and the other metrics are NaN.
   """
   if num_rounds < 1:
     raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
@@ -114,6 +137,8 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     state = init_state(algorithm, data, hparams, key, sweep_axes=sweep_axes)
   state = jax.block_until_ready(state)
   rounds_key = _split_keys(key, sweep_axes)[1]
+  sweep_shape = () if sweep_axes is None else jax.tree.leaves(state)[0].shape[:1]
+  diverged = jnp.zeros(sweep_shape, bool)
   todo = num_rounds - start_round
   chunk = min(chunk or DEFAULT_CHUNK, todo)
   pieces = []
@@ -122,9 +147,9 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
              leave=False)
   for _ in range(math.ceil(todo / chunk)):
     start = start_round + len(pieces) * chunk
-    state, metrics = _run_chunk(algorithm, state, data, hparams, rounds_key,
-                                jnp.asarray(start), jnp.asarray(num_rounds), chunk=chunk,
-                                sweep_axes=sweep_axes)
+    (state, diverged), metrics = _run_chunk(
+        algorithm, state, diverged, data, hparams, rounds_key, jnp.asarray(start),
+        jnp.asarray(num_rounds), chunk=chunk, sweep_axes=sweep_axes)
     pieces.append(jax.device_get(metrics))
     bar.update(min(chunk, num_rounds - start))
   bar.close()

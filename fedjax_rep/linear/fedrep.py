@@ -2,7 +2,7 @@
 
 Each round a cohort of clients each computes its head on its batch with B frozen: the exact
 least-squares head (`head_steps=None`, FedRep) or `head_steps` gradient steps from its
-previous head (tau GD-GD); then one gradient step on B of (1/2m)||X_i B w_i - y_i||^2. The
+previous head (tau GD-GD); then one gradient step on B of (1/2m_i)||X_i B w_i - y_i||^2. The
 server averages the clients' B_i = B - lr * g_i. Heads persist; clients not sampled keep theirs.
 """
 
@@ -28,14 +28,18 @@ class RepState:
   heads: jax.Array
 
 
-def mean_rep_gradient(X: jax.Array, residual: jax.Array, w: jax.Array) -> jax.Array:
-  """(1/c) sum_i (1/m) X_i^T r_i w_i^T [d, k]: the mean over clients of the gradient in B of
-  (1/2m)||X_i B w_i - y_i||^2, for X [c, m, d], residual r = X B w - y [c, m], w [c, k].
+def mean_rep_gradient(X: jax.Array, residual: jax.Array, w: jax.Array,
+                      counts: jax.Array | None = None) -> jax.Array:
+  """(1/c) sum_i (1/m_i) X_i^T r_i w_i^T [d, k]: the mean over clients of the gradient in B of
+  (1/2m_i)||X_i B w_i - y_i||^2, for X [c, m, d], residual r = X B w - y [c, m], w [c, k].
 
+  m_i = counts[i] real samples (padding rows are zero), default m.
   One contraction over (client, sample): a [d, c*m] x [c*m, k] matrix product, instead of c
   small products.
   """
   c, m = residual.shape
+  if counts is not None:
+    residual = residual * (m / counts)[:, None]
   return jnp.einsum("cmd,cm,ck->dk", X, residual, w) / (c * m)
 
 
@@ -69,11 +73,12 @@ class FedRep:
     Z = jnp.einsum("cmd,dk->cmk", X, state.B)
     w = self.client_heads(Z, y, tree.gather(state.heads, clients), hparams)
     residual = jnp.einsum("cmk,ck->cm", Z, w) - y
-    B = state.B - hparams.lr * mean_rep_gradient(X, residual, w)
+    counts = data.sample_counts(clients)
+    B = state.B - hparams.lr * mean_rep_gradient(X, residual, w, counts)
     if self.orthonormalize:
       B = jnp.linalg.qr(B)[0]
     state = RepState(B=B, heads=tree.scatter(state.heads, clients, w))
-    train_loss = 0.5 * jnp.mean(residual ** 2)
+    train_loss = 0.5 * jnp.mean(jnp.sum(residual ** 2, axis=1) / counts)
     return state, round_metrics(B, lambda: self.personal_models(state, data), data, train_loss)
 
   def personal_models(self, state: RepState, data) -> jax.Array:

@@ -6,27 +6,39 @@ import jax.numpy as jnp
 from fedjax_rep.linear.problem import orthonormal
 
 
-def method_of_moments(X: jax.Array, y: jax.Array, rep_dim: int) -> jax.Array:
-  """Top-k eigenvectors [d, k] of (1/n) sum_i Z_i, Z_i = (1/m) sum_j y_ij^2 x_ij x_ij^T.
+def method_of_moments(X: jax.Array, y: jax.Array, rep_dim: int,
+                      counts: jax.Array | None = None) -> jax.Array:
+  """Top-k eigenvectors [d, k] of (1/n) sum_i Z_i, Z_i = (1/m_i) sum_j y_ij^2 x_ij x_ij^T.
 
-  X [n, m, d], y [n, m]. Computed as one [d, n*m] x [n*m, d] product.
+  X [n, m, d], y [n, m]; m_i = counts[i] real samples (zero padding rows), default m.
+  Computed as one [d, n*m] x [n*m, d] product.
   """
-  d = X.shape[-1]
+  n, m, d = X.shape
+  weights = y ** 2 if counts is None else y ** 2 * (m / counts)[:, None]
   flat_x = X.reshape(-1, d)
-  moments = flat_x.T @ (flat_x * y.reshape(-1, 1) ** 2) / flat_x.shape[0]
+  moments = flat_x.T @ (flat_x * weights.reshape(-1, 1)) / (n * m)
   return jnp.linalg.eigh(moments)[1][:, ::-1][:, :rep_dim]
 
 
-METHODS = ("moments", "random", "random-scaled")
+def gaussian_scale(dim: int) -> float:
+  """FLUTE's initial scale alpha = 1/(10 d) (Theorem 5.1, App. C.1)."""
+  return 1.0 / (10 * dim)
+
+
+METHODS = ("moments", "random", "random-scaled", "gaussian")
 
 
 def init_representation(key: jax.Array, data, rep_dim: int, method: str, lr=None) -> jax.Array:
   """B0 [d, k]: 'moments' uses one batch from every client of `data`; 'random' is a random
   orthonormal matrix; 'random-scaled' is that divided by sqrt(lr), so that sqrt(lr) B0 is
-  orthonormal (FedAvg-FT Theorem 1: ||I - lr B0^T B0|| = 0)."""
+  orthonormal (FedAvg-FT Theorem 1: ||I - lr B0^T B0|| = 0); 'gaussian' has i.i.d.
+  N(0, alpha^2) entries with FLUTE's alpha = 1/(10 d)."""
   if method == "moments":
-    X, y = data.batch(key, jnp.arange(data.num_clients))
-    return method_of_moments(X, y, rep_dim)
+    clients = jnp.arange(data.num_clients)
+    X, y = data.batch(key, clients)
+    return method_of_moments(X, y, rep_dim, data.sample_counts(clients))
+  if method == "gaussian":
+    return gaussian_scale(data.dim) * jax.random.normal(key, (data.dim, rep_dim))
   if method == "random":
     return orthonormal(key, data.dim, rep_dim)
   if method == "random-scaled":

@@ -22,11 +22,21 @@ def mean_squared_error(theta: jax.Array, X: jax.Array, y: jax.Array) -> jax.Arra
   return jnp.mean((jnp.einsum("nmd,nd->nm", X, theta) - y) ** 2)
 
 
+def model_error(theta: jax.Array, models: jax.Array) -> jax.Array:
+  """(1/n) sum_i ||theta_i - theta_i*|| (norms, not squared) for theta, models [n, d]."""
+  return jnp.mean(jnp.linalg.norm(theta - models, axis=-1))
+
+
 def round_metrics(B, theta_fn, data, train_loss):
-  """train_loss, and principal_angle / test_error where the data has B* / a test set."""
+  """train_loss, and principal_angle / test_error / model_error where the data has B* / a
+  test set / ground-truth models. theta_fn() gives the personal models [n, d]."""
   metrics = {"train_loss": train_loss}
   if data.B_star is not None:
     metrics["principal_angle"] = principal_angle(B, data.B_star)
-  if isinstance(data, FixedData) and data.X_test is not None:
-    metrics["test_error"] = mean_squared_error(theta_fn(), data.X_test, data.y_test)
+  if isinstance(data, FixedData):
+    theta = theta_fn() if data.X_test is not None or data.models is not None else None
+    if data.X_test is not None:
+      metrics["test_error"] = mean_squared_error(theta, data.X_test, data.y_test)
+    if data.models is not None:
+      metrics["model_error"] = model_error(theta, data.models)
   return metrics

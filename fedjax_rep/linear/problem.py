@@ -75,7 +75,8 @@ def sample_clients(key: jax.Array, problem: LinearProblem, clients: jax.Array, n
 
 @struct.dataclass
 class FixedData:
-  """Fixed local datasets: X [n, m, d], y [n, m]; optional test set and ground truth B*.
+  """Fixed local datasets: X [n, m, d], y [n, m]; optional test set, ground-truth subspace
+  B* [d, k] and ground-truth models theta_i* (`models` [n, d], e.g. under-parameterised).
 
   Datasets of different sizes are padded to m with zero rows, with `counts` [n] the number
   of real samples of each client (None: all m are real).
@@ -86,6 +87,7 @@ class FixedData:
   y_test: jax.Array | None = None
   B_star: jax.Array | None = None
   counts: jax.Array | None = None
+  models: jax.Array | None = None
 
   def sample_counts(self, clients: jax.Array) -> jax.Array:
     """Number of real samples [c] of clients `clients` [c]."""

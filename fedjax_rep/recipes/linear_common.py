@@ -73,10 +73,12 @@ def hparams(config) -> LinearHparams:
                        head_lr=jnp.float32(getattr(config, "head_lr", config.lr)))
 
 
-def run_seeds(algorithm, data, hparams, keys, num_rounds, progress=True, desc=None):
-  """Runs `algorithm` on every seed at once (one vmapped program); data has a seed axis."""
-  return loop.run(algorithm, data, hparams, keys[:, 2], num_rounds, sweep_axes=(0, None, 0),
-                  progress=progress, desc=desc)
+def run_seeds(algorithm, data, hparams, keys, num_rounds, progress=True, desc=None,
+              hparams_axis=None):
+  """Runs `algorithm` on every seed at once (one vmapped program); data has a seed axis
+  (a leading sweep axis of runs), and so do hparams where hparams_axis=0."""
+  return loop.run(algorithm, data, hparams, keys[:, 2], num_rounds,
+                  sweep_axes=(0, hparams_axis, 0), progress=progress, desc=desc)
 
 
 def trained(unit, algorithm, data, hparams, keys, num_rounds, progress, keep=("B",)):
@@ -91,13 +93,21 @@ def trained(unit, algorithm, data, hparams, keys, num_rounds, progress, keep=("B
 
 
 def round_rows(algorithm: str, seeds: list[int], metrics: dict[str, np.ndarray], **columns):
-  """Rows (algorithm, seed, round, **columns, metrics) of metrics [seeds, rounds]."""
+  """Rows (algorithm, seed, round, **columns, metrics) of metrics [seeds, rounds].
+
+  With a `diverged` metric (0/1 per round, from the loop) every row also gets
+  `diverged_round`: the first round at which its run diverged, 0 if it never did.
+  """
   rows = []
   num_rounds = next(iter(metrics.values())).shape[1]
   for s, seed_value in enumerate(seeds):
+    extra = {}
+    if "diverged" in metrics:
+      flags = metrics["diverged"][s] > 0
+      extra["diverged_round"] = int(np.argmax(flags)) + 1 if flags.any() else 0
     for t in range(num_rounds):
       rows.append({"algorithm": algorithm, "seed": seed_value, "round": t + 1, **columns,
-                   **{name: float(v[s, t]) for name, v in metrics.items()}})
+                   **extra, **{name: float(v[s, t]) for name, v in metrics.items()}})
   return rows
 
 

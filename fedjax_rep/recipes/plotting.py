@@ -14,21 +14,38 @@ def select(rows, **where):
 
 
 def curves(rows, x: str, y: str, **where):
-  """(xs, mean, low, high): y over seeds at each x (low/high = min/max over seeds)."""
-  chosen = [r for r in select(rows, **where) if r.get(y) not in (None, "")]
-  xs = sorted({r[x] for r in chosen})
-  values = [np.array([r[y] for r in chosen if r[x] == v], float) for v in xs]
+  """(xs, mean, low, high): y over seeds at each x (low/high = min/max over seeds).
+
+  Non-finite values (rounds after a run diverged) are left out of the statistics."""
+  groups = {}
+  for r in select(rows, **where) if where else rows:
+    if r.get(y) not in (None, "") and np.isfinite(float(r[y])):
+      groups.setdefault(r[x], []).append(float(r[y]))
+  xs = sorted(groups)
+  values = [np.array(groups[v]) for v in xs]
   return (np.array(xs), np.array([v.mean() for v in values]),
           np.array([v.min() for v in values]), np.array([v.max() for v in values]))
 
 
 def line(ax, rows, x, y, label, **where):
-  """Mean over seeds as a line with a min-max band."""
-  xs, mean, low, high = curves(rows, x, y, **where)
+  """Mean over seeds as a line with a min-max band. Runs that diverged are flagged: the
+  label says how many seeds diverged, and an x marks the first round of divergence."""
+  rows = select(rows, **where)
+  xs, mean, low, high = curves(rows, x, y)
+  diverged = {r["seed"]: r["diverged_round"] for r in rows if r.get("diverged_round")}
+  if diverged:
+    seeds = len({r["seed"] for r in rows})
+    label = f"{label} (diverged: {len(diverged)}/{seeds} seeds)"
   if not len(xs):
+    ax.plot([], [], label=label)
     return
   (handle,) = ax.plot(xs, mean, label=label, marker="o" if len(xs) < 20 else None, ms=3)
   ax.fill_between(xs, low, high, color=handle.get_color(), alpha=0.2, linewidth=0)
+  if diverged:
+    first = min(diverged.values())
+    last_finite = max(np.searchsorted(xs, first) - 1, 0)
+    ax.plot([first], [mean[last_finite]], marker="x", ms=9, mew=2, color=handle.get_color(),
+            ls="none")
 
 
 def save(fig, file) -> None:
@@ -36,9 +53,11 @@ def save(fig, file) -> None:
   fig.savefig(file, format="png", dpi=120)
 
 
-def figure(panels: int, width: float = 4.2, height: float = 3.4):
-  fig = Figure(figsize=(width * panels, height))
-  return fig, fig.subplots(1, panels, squeeze=False)[0]
+def figure(panels: int, width: float = 4.2, height: float = 3.4, rows: int = 1):
+  """A figure of `rows` x `panels` axes ([panels] when rows == 1, else [rows, panels])."""
+  fig = Figure(figsize=(width * panels, height * rows))
+  axes = fig.subplots(rows, panels, squeeze=False)
+  return fig, axes[0] if rows == 1 else axes
 
 
 LABELS = {"local": "Local only", "fedavg": "FedAvg", "fedrep": "FedRep"}

@@ -1,0 +1,74 @@
+"""Under-parameterised problems (FLUTE, Section 4 and App. C.1): no rank-k model fits all.
+
+Client i's ground-truth model is phi_i [d], the i-th column of Phi = U Lambda V^T (d x M);
+we store Phi^T as `models` [M, d] (client-major). When rank(Phi) > k no (B, W) gives
+B w_i = phi_i for every client; the best one can do is the rank-k truncation of Phi.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_rep.linear.metrics import model_error
+from fedjax_rep.linear.problem import FixedData, orthonormal, sample
+
+SPECTRA = ("linear", "geometric", "gaussian")
+
+
+def spectrum(dim: int, kind: str = "linear", ratio: float = 0.7) -> jax.Array:
+  """Singular values [d] of Phi: 'linear' lambda_i = 2d - i + 1 (FLUTE App. C.1, i = 1..d);
+  'geometric' lambda_i = 2d ratio^(i-1) (same top value, decaying by `ratio`)."""
+  i = jnp.arange(dim, dtype=jnp.float32)
+  if kind == "linear":
+    return 2.0 * dim - i
+  if kind == "geometric":
+    return 2.0 * dim * ratio ** i
+  raise ValueError(f"spectrum must be 'linear' or 'geometric', got {kind!r}")
+
+
+def make_models(key: jax.Array, num_clients: int, dim: int, kind: str = "linear",
+                ratio: float = 0.7) -> jax.Array:
+  """Ground-truth models [M, d] (rows phi_i^T of Phi^T).
+
+  'linear' / 'geometric': Phi = U Lambda V^T with U [d, r], V [M, r] random orthonormal,
+  r = min(d, M) and Lambda the first r values of `spectrum` (App. C.1).
+  'gaussian': phi_i ~ N(0, I_d) i.i.d. (FLUTE Section 7.1, Fig. 1).
+  """
+  if kind == "gaussian":
+    return jax.random.normal(key, (num_clients, dim))
+  if kind not in SPECTRA:
+    raise ValueError(f"spectrum must be one of {SPECTRA}, got {kind!r}")
+  rank = min(dim, num_clients)
+  key_u, key_v = jax.random.split(key)
+  U, V = orthonormal(key_u, dim, rank), orthonormal(key_v, num_clients, rank)
+  return (V * spectrum(dim, kind, ratio)[:rank]) @ U.T
+
+
+def top_subspace(models: jax.Array, rep_dim: int) -> jax.Array:
+  """The top-k left singular vectors [d, k] of Phi (= right ones of `models` [M, d])."""
+  return jnp.linalg.svd(models, full_matrices=False)[2][:rep_dim].T
+
+
+def rank_k_error(models: jax.Array, rep_dim: int) -> jax.Array:
+  """The floor (1/M) sum_i ||(Phi_k)_i - phi_i|| of `model_error`: Phi_k the best rank-k
+  approximation of Phi (truncated SVD), models [M, d]."""
+  U, s, Vt = jnp.linalg.svd(models, full_matrices=False)
+  return model_error((U[:, :rep_dim] * s[:rep_dim]) @ Vt[:rep_dim], models)
+
+
+def make_data(key: jax.Array, models: jax.Array, rep_dim: int, samples: int, noise_std,
+              pad_to: int | None = None) -> FixedData:
+  """Fixed local datasets of `samples` (N) per client: y = x^T phi_i + noise, x ~ N(0, I_d).
+
+  `B_star` is the top-k subspace of Phi (for `principal_angle`), `models` is Phi^T [M, d]
+  (for `model_error`), `counts` is N for every client. pad_to > samples zero-pads every
+  client to pad_to rows, so that datasets of different N share one shape (and pytree
+  structure: one vmapped program runs them all).
+  """
+  num_clients, dim = models.shape
+  rows = pad_to or samples
+  X, y = sample(key, jnp.eye(dim), models, noise_std, rows)
+  real = jnp.arange(rows) < samples
+  X, y = jnp.where(real[:, None], X, 0.0), jnp.where(real, y, 0.0)
+  counts = jnp.full((num_clients,), samples, jnp.int32)
+  return FixedData(X=X, y=y, B_star=top_subspace(models, rep_dim), counts=counts,
+                   models=models)
