@@ -50,7 +50,8 @@ def top_subspace(models: jax.Array, rep_dim: int) -> jax.Array:
 
 def rank_k_error(models: jax.Array, rep_dim: int) -> jax.Array:
   """The floor (1/M) sum_i ||(Phi_k)_i - phi_i|| of `model_error`: Phi_k the best rank-k
-  approximation of Phi (truncated SVD), models [M, d]."""
+  approximation of Phi (truncated SVD), models [M, d]. Phi_k minimises the sum of squared
+  norms; for this mean of norms it is the reference level the paper's plots use."""
   U, s, Vt = jnp.linalg.svd(models, full_matrices=False)
   return model_error((U[:, :rep_dim] * s[:rep_dim]) @ Vt[:rep_dim], models)
 
