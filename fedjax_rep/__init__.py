@@ -5,7 +5,11 @@ The flat public API; implementation lives in the subpackages.
 
 from fedjax_rep.core.cohort import cohort_size, sample_cohort
 from fedjax_rep.core.loop import RunResult, init_state, run
-from fedjax_rep.core.tree import gather, scatter
+from fedjax_rep.core.tree import gather, scatter, stack
+from fedjax_rep.hetero.speeds import SpeedModel, dynamic_speeds, fixed_speeds, given_speeds
+from fedjax_rep.hetero.timed import (Timed, TimedHparams, TimedState, fixed_participants,
+                                     srpfl_participants)
+from fedjax_rep.hetero.timed import hparams as timed_hparams
 from fedjax_rep.linear.fedavg import (FedAvg, GlobalState, fine_tuned_models, global_grad_norm,
                                       local_gd, model_loss_and_grad)
 from fedjax_rep.linear.fedrep import FedRep, RepState, mean_rep_gradient

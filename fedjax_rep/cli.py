@@ -7,6 +7,7 @@ DEFAULT_RECIPE = "fedrep-fig3"
 
 
 def _list() -> None:
+  from fedjax_rep.hetero.timed import SCHEDULES
   from fedjax_rep.linear.registry import ALGORITHMS
   from fedjax_rep.recipes import RECIPES
   print("recipes:")
@@ -14,6 +15,9 @@ def _list() -> None:
     print(f"  {name:<16} {recipe.summary}")
   print("algorithms:")
   for name, summary in ALGORITHMS.items():
+    print(f"  {name:<16} {summary}")
+  print("participation schedules on a simulated clock (wrap fedrep: hetero.timed):")
+  for name, summary in SCHEDULES.items():
     print(f"  {name:<16} {summary}")
 
 

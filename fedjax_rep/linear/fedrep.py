@@ -29,17 +29,21 @@ class RepState:
 
 
 def mean_rep_gradient(X: jax.Array, residual: jax.Array, w: jax.Array,
-                      counts: jax.Array | None = None) -> jax.Array:
+                      counts: jax.Array | None = None, mask: jax.Array | None = None):
   """(1/c) sum_i (1/m_i) X_i^T r_i w_i^T [d, k]: the mean over clients of the gradient in B of
   (1/2m_i)||X_i B w_i - y_i||^2, for X [c, m, d], residual r = X B w - y [c, m], w [c, k].
 
-  m_i = counts[i] real samples (padding rows are zero), default m.
+  m_i = counts[i] real samples (padding rows are zero), default m. With `mask` [c] (bool)
+  the mean is over the clients where it is True (c = their number).
   One contraction over (client, sample): a [d, c*m] x [c*m, k] matrix product, instead of c
   small products.
   """
   c, m = residual.shape
   if counts is not None:
     residual = residual * (m / counts)[:, None]
+  if mask is not None:
+    residual = jnp.where(mask[:, None], residual, 0.0)
+    c = jnp.maximum(jnp.sum(mask), 1)
   return jnp.einsum("cmd,cm,ck->dk", X, residual, w) / (c * m)
 
 
@@ -69,16 +73,28 @@ class FedRep:
   def round(self, state: RepState, key, data, hparams: LinearHparams):
     key_cohort, key_data = jax.random.split(key)
     clients = cohort_lib.sample_cohort(key_cohort, data.num_clients, self.cohort)
-    X, y = data.batch(key_data, clients)
+    return self.masked_round(state, key_data, data, hparams, clients)
+
+  def masked_round(self, state: RepState, key, data, hparams: LinearHparams, clients,
+                   mask=None):
+    """One round of the clients `clients` [c] where `mask` [c] (bool; default all) is True:
+    only they update their heads and enter the server's average (static shapes: the
+    cohort keeps its size c whatever the mask). `key` draws the batches."""
+    X, y = data.batch(key, clients)
     Z = jnp.einsum("cmd,dk->cmk", X, state.B)
-    w = self.client_heads(Z, y, tree.gather(state.heads, clients), hparams)
+    previous = tree.gather(state.heads, clients)
+    w = self.client_heads(Z, y, previous, hparams)
+    if mask is not None:
+      w = jnp.where(mask[:, None], w, previous)
     residual = jnp.einsum("cmk,ck->cm", Z, w) - y
     counts = data.sample_counts(clients)
-    B = state.B - hparams.lr * mean_rep_gradient(X, residual, w, counts)
+    B = state.B - hparams.lr * mean_rep_gradient(X, residual, w, counts, mask)
     if self.orthonormalize:
       B = jnp.linalg.qr(B)[0]
     state = RepState(B=B, heads=tree.scatter(state.heads, clients, w))
-    train_loss = 0.5 * jnp.mean(jnp.sum(residual ** 2, axis=1) / counts)
+    losses = 0.5 * jnp.sum(residual ** 2, axis=1) / counts
+    train_loss = jnp.mean(losses) if mask is None else jnp.sum(
+        jnp.where(mask, losses, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
     return state, round_metrics(B, lambda: self.personal_models(state, data), data, train_loss)
 
   def personal_models(self, state: RepState, data) -> jax.Array:

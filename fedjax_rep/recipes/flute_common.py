@@ -82,10 +82,6 @@ def hparams(config, gamma1: np.ndarray) -> LinearHparams:
                        gamma1=np.asarray(gamma1, np.float32), gamma2=full(config.gamma2))
 
 
-def concatenate(trees):
-  """Leafwise concatenation along the leading axis, on the host (small trees)."""
-  return jax.tree.map(lambda *x: np.concatenate([np.asarray(v) for v in x]), *trees)
-
 
 def programs(names, *, rep_dim, num_clients, loss, gamma1s):
   """{program: [(name, algorithm, gamma1), ...]}: the runs of each compiled program.
@@ -118,13 +114,13 @@ def run_cell(config, keys, unit, progress, *, rep_dim, num_clients, samples, alg
   rows = []
   for program, runs in programs(algorithms, rep_dim=rep_dim, num_clients=num_clients,
                                 loss=config.loss, gamma1s=gamma1s).items():
-    tiled = concatenate([data] * len(runs))
+    tiled = common.concatenate([data] * len(runs))
     hp = hparams(config, np.repeat(np.asarray([g for _, _, g in runs]), block))
     run_keys = jnp.tile(block_keys, (len(runs),))
     cell = f"{program.name}-k{rep_dim}-M{num_clients}"
 
     def compute():
-      state = concatenate([
+      state = common.concatenate([
           loop.init_state(algorithm, data, hparams(config, np.full(block, gamma1)),
                           block_keys, sweep_axes=(0, 0, 0)) for _, algorithm, gamma1 in runs])
       return loop.run(program, tiled, hp, run_keys, config.rounds, state=state,

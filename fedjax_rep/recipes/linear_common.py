@@ -62,6 +62,12 @@ def fedavg_init(default="random"):
                     "moments", default, ("random", "moments"))
 
 
+def concatenate(trees):
+  """Leafwise concatenation along the leading axis, on the host (small trees; no eager
+  device ops, so nothing compiles)."""
+  return jax.tree.map(lambda *x: np.concatenate([np.asarray(v) for v in x]), *trees)
+
+
 def seed_keys(first_seed: int, seeds: int) -> jax.Array:
   """Keys [seeds, 3] (problem, data, run) of seeds first_seed, first_seed + 1, ..."""
   return jax.vmap(lambda s: jax.random.split(jax.random.key(s), 3))(

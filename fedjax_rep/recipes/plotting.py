@@ -13,25 +13,30 @@ def select(rows, **where):
   return [r for r in rows if all(r.get(k) == v for k, v in where.items())]
 
 
-def curves(rows, x: str, y: str, **where):
+def curves(rows, x: str, y: str, along: str | None = None, **where):
   """(xs, mean, low, high): y over seeds at each x (low/high = min/max over seeds).
 
+  With `along` (e.g. "round"), points are grouped by that column instead and placed at the
+  mean of x over seeds (x = wall_clock, which differs between seeds).
   Non-finite values (rounds after a run diverged) are left out of the statistics."""
-  groups = {}
+  groups, positions = {}, {}
   for r in select(rows, **where) if where else rows:
     if r.get(y) not in (None, "") and np.isfinite(float(r[y])):
-      groups.setdefault(r[x], []).append(float(r[y]))
-  xs = sorted(groups)
-  values = [np.array(groups[v]) for v in xs]
+      key = r[along] if along else r[x]
+      groups.setdefault(key, []).append(float(r[y]))
+      positions.setdefault(key, []).append(float(r[x]))
+  keys = sorted(groups)
+  values = [np.array(groups[v]) for v in keys]
+  xs = [np.mean(positions[v]) for v in keys] if along else keys
   return (np.array(xs), np.array([v.mean() for v in values]),
           np.array([v.min() for v in values]), np.array([v.max() for v in values]))
 
 
-def line(ax, rows, x, y, label, **where):
-  """Mean over seeds as a line with a min-max band. Runs that diverged are flagged: the
-  label says how many seeds diverged, and an x marks the first round of divergence."""
+def line(ax, rows, x, y, label, along=None, **where):
+  """Mean over seeds as a line with a min-max band (see `curves`). Runs that diverged are
+  flagged: the label says how many seeds diverged, and an x marks the first divergence."""
   rows = select(rows, **where)
-  xs, mean, low, high = curves(rows, x, y)
+  xs, mean, low, high = curves(rows, x, y, along)
   diverged = {r["seed"]: r["diverged_round"] for r in rows if r.get("diverged_round")}
   if diverged:
     seeds = len({r["seed"] for r in rows})
@@ -41,7 +46,7 @@ def line(ax, rows, x, y, label, **where):
     return
   (handle,) = ax.plot(xs, mean, label=label, marker="o" if len(xs) < 20 else None, ms=3)
   ax.fill_between(xs, low, high, color=handle.get_color(), alpha=0.2, linewidth=0)
-  if diverged:
+  if diverged and x == "round":
     first = min(diverged.values())
     last_finite = max(np.searchsorted(xs, first) - 1, 0)
     ax.plot([first], [mean[last_finite]], marker="x", ms=9, mew=2, color=handle.get_color(),

@@ -1,0 +1,1 @@
+"""System heterogeneity: client speed models, a virtual wall clock, the SRPFL schedule."""
