@@ -134,3 +134,20 @@ def test_schedules_and_costs_sweep_as_one_vmap():
     for name in ("wall_clock", "principal_angle", "participants"):
       np.testing.assert_allclose(swept.metrics[name][i], single.metrics[name], rtol=1e-5,
                                  atol=1e-6)
+
+
+def test_fedavg_runs_on_the_clock_too():
+  """Any algorithm with `masked_round` can be timed; an all-true mask is the plain round."""
+  data = fixed_data()
+  fedavg = fr.FedAvg(rep_dim=K, cohort=M, local_steps=2, init_method="random")
+  state = fr.init_state(fedavg, data, hparams(), jax.random.key(0))
+  clients = jnp.arange(M)
+  plain = fedavg.masked_round(state, jax.random.key(1), data, hparams(), clients)[0]
+  masked = fedavg.masked_round(state, jax.random.key(1), data, hparams(), clients,
+                               jnp.ones(M, bool))[0]
+  np.testing.assert_allclose(masked.B, plain.B, rtol=1e-6)
+  alg = timed.Timed(fedavg, speeds.fixed_speeds(M), cohort=M)
+  result = fr.run(alg, data, timed_hparams(timed.srpfl_participants(M, 3, 8, 2)),
+                  jax.random.key(2), 8, progress=False)
+  np.testing.assert_array_equal(result.metrics["participants"], [3, 3, 6, 6, 12, 12, 12, 12])
+  assert np.all(np.diff(result.metrics["wall_clock"]) > 0)

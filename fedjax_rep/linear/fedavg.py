@@ -92,18 +92,26 @@ class FedAvg:
   def round(self, state: GlobalState, key, data, hparams: LinearHparams):
     key_cohort, key_data = jax.random.split(key)
     clients = cohort_lib.sample_cohort(key_cohort, data.num_clients, self.cohort)
-    batch = data.batch(key_data, clients)
+    return self.masked_round(state, key_data, data, hparams, clients)
+
+  def masked_round(self, state: GlobalState, key, data, hparams: LinearHparams, clients,
+                   mask=None):
+    """One round of the clients `clients` [c] where `mask` [c] (bool; default all) is True:
+    only they enter the server's average (static shapes). `key` draws the batches."""
+    batch = data.batch(key, clients)
     counts = data.sample_counts(clients)
-    weights = counts / jnp.sum(counts)  # clients weigh by their number of samples
+    if mask is not None:
+      counts = jnp.where(mask, counts, 0.0)
+    weights = counts / jnp.maximum(jnp.sum(counts), 1)  # clients weigh by their samples
     train_loss = jnp.sum(weights * jax.vmap(model_loss_and_grad, in_axes=(0, None, 0))(
-        batch, state.B @ state.w, counts)[0])
+        batch, state.B @ state.w, jnp.maximum(counts, 1))[0])
     B_i, w_i = jax.vmap(local_gd, in_axes=(None, None, 0, None, None, None, 0))(
-        state.B, state.w, batch, hparams.lr, self.local_steps, True, counts)
+        state.B, state.w, batch, hparams.lr, self.local_steps, True, jnp.maximum(counts, 1))
     state = GlobalState(B=jnp.einsum("c,cdk->dk", weights, B_i), w=weights @ w_i)
     metrics = round_metrics(state.B, lambda: self.personal_models(state, data), data,
                             train_loss)
-    everyone = batch if self.cohort == data.num_clients else data.batch(
-        key_data, jnp.arange(data.num_clients))
+    everyone = batch if clients.shape[0] == data.num_clients else data.batch(
+        key, jnp.arange(data.num_clients))
     metrics["global_grad_norm"] = global_grad_norm(state.B, state.w, everyone)
     metrics["conditioning"] = jnp.linalg.norm(
         jnp.eye(self.rep_dim) - hparams.lr * state.B.T @ state.B, ord=2)
