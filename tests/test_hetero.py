@@ -137,3 +137,12 @@ def test_bad_inputs_are_rejected_before_any_work(call, match, compiles):
   with pytest.raises(ValueError, match=match):
     call()
   assert compiles.count == 0
+
+
+def test_calibrated_theorem_rounds_give_every_stage_rounds():
+  """With a measured floor0 (well below dist0) every stage before the last gets rounds;
+  the bound's own floor (about 2) is above dist0 = 0.3 and gives the early stages none."""
+  rounds = schedule.theorem_stage_rounds(1000, 10, 0.1, 0.3, floor0=0.03)
+  assert len(rounds) == 7 and np.all(rounds >= 1)  # stages 10, 20, ..., 640 before 1000
+  assert rounds[0] == rounds.max()  # the cheapest stage does the most work
+  np.testing.assert_array_equal(schedule.theorem_stage_rounds(1000, 10, 0.1, 0.3)[:6], 0)

@@ -56,6 +56,9 @@ class TimedConfig:
   c_hat: float = cfg.setting(1.1, cfg.Check(float, low=1.0, open_low=True),
                              "target distance = c_hat x FedRep's measured floor (Eq. 11)")
   floor_rounds: int = cfg.positive_int("last rounds of FedRep averaged into its floor", 100)
+  init: str = cfg.choice("initial B: moments (Algorithm 2: all N clients' first batch) or a "
+                         "random orthonormal B (dist(B0, B*) ~ 1 whatever N)", "moments",
+                         ("moments", "random"))
   smooth_rounds: int = cfg.positive_int("rounds averaged when testing whether a run has "
                                         "reached the target", 10)
 
@@ -137,7 +140,7 @@ def run_panel(config, keys, unit, progress, *, num_clients, speed, comm_costs, a
                           samples=config.samples_per_client, mode="fresh")
   names = ("fedrep", *[a for a in algorithms if a != "fedrep"])
   algorithm = timed.Timed(FedRep(rep_dim=config.rep_dim, cohort=num_clients,
-                                 orthonormalize=True),
+                                 init_method=config.init, orthonormalize=True),
                           speed_model(speed, num_clients), cohort=num_clients)
   label = f"N{num_clients}-{speed}"
   per_seed = lambda tree: jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], seeds, 0), tree)
