@@ -56,11 +56,12 @@ def rank_k_error(models: jax.Array, rep_dim: int) -> jax.Array:
   return model_error((U[:, :rep_dim] * s[:rep_dim]) @ Vt[:rep_dim], models)
 
 
-def make_data(key: jax.Array, models: jax.Array, rep_dim: int, samples: int, noise_std,
+def make_data(key: jax.Array, models: jax.Array, rep_dim: int | None, samples: int, noise_std,
               pad_to: int | None = None) -> FixedData:
   """Fixed local datasets of `samples` (N) per client: y = x^T phi_i + noise, x ~ N(0, I_d).
 
-  `B_star` is the top-k subspace of Phi (for `principal_angle`), `models` is Phi^T [M, d]
+  `B_star` is the top-k subspace of Phi (for `principal_angle`; None when rep_dim is None,
+  to be set later with `top_subspace`), `models` is Phi^T [M, d]
   (for `model_error`), `counts` is N for every client. pad_to > samples zero-pads every
   client to pad_to rows, so that datasets of different N share one shape (and pytree
   structure: one vmapped program runs them all).
@@ -71,5 +72,6 @@ def make_data(key: jax.Array, models: jax.Array, rep_dim: int, samples: int, noi
   real = jnp.arange(rows) < samples
   X, y = jnp.where(real[:, None], X, 0.0), jnp.where(real, y, 0.0)
   counts = jnp.full((num_clients,), samples, jnp.int32)
-  return FixedData(X=X, y=y, B_star=top_subspace(models, rep_dim), counts=counts,
+  B_star = None if rep_dim is None else top_subspace(models, rep_dim)
+  return FixedData(X=X, y=y, B_star=B_star, counts=counts,
                    models=models)

@@ -59,20 +59,26 @@ class GridConfig(ProblemConfig):
     check_rep_dims(self)
 
 
-@functools.partial(jax.jit, static_argnames=("num_clients", "dim", "rep_dim", "samples",
-                                             "spectrum"))
-def problem_data(keys, noise_std, *, num_clients, dim, rep_dim, samples: tuple, spectrum):
-  """(FixedData with leading axis len(samples) * seeds (N-major): for each N and seed, Phi
-  [M, d] of the seed and N samples per client, padded to max(samples) rows; the rank-k
-  floor [seeds] of each seed's Phi)."""
+@functools.partial(jax.jit, static_argnames=("num_clients", "dim", "samples", "spectrum"))
+def problem_data(keys, noise_std, *, num_clients, dim, samples: tuple, spectrum):
+  """FixedData with leading axis len(samples) * seeds (N-major): for each N and seed, Phi
+  [M, d] of the seed and N samples per client, padded to max(samples) rows; no B* yet (it
+  depends on k: see `with_rep_dim`, so this program serves every k)."""
 
   def one(key_problem, key_data, n):
     models = underparam.make_models(key_problem, num_clients, dim, spectrum)
-    return underparam.make_data(key_data, models, rep_dim, n, noise_std, pad_to=max(samples))
+    return underparam.make_data(key_data, models, None, n, noise_std, pad_to=max(samples))
 
   per_n = [jax.vmap(functools.partial(one, n=n))(keys[:, 0], keys[:, 1]) for n in samples]
-  floors = jax.vmap(underparam.rank_k_error, in_axes=(0, None))(per_n[0].models, rep_dim)
-  return jax.tree.map(lambda *x: jnp.concatenate(x), *per_n), floors
+  return jax.tree.map(lambda *x: jnp.concatenate(x), *per_n)
+
+
+@functools.partial(jax.jit, static_argnames=("rep_dim",))
+def with_rep_dim(data, rep_dim):
+  """(data with B* = the top-k subspace of each run's Phi, the rank-k floors [runs])."""
+  subspaces = jax.vmap(underparam.top_subspace, in_axes=(0, None))(data.models, rep_dim)
+  floors = jax.vmap(underparam.rank_k_error, in_axes=(0, None))(data.models, rep_dim)
+  return data.replace(B_star=subspaces), floors
 
 
 def hparams(config, gamma1: np.ndarray) -> LinearHparams:
@@ -106,9 +112,9 @@ def run_cell(config, keys, unit, progress, *, rep_dim, num_clients, samples, alg
   """
   seeds = keys.shape[0]
   seed_values = list(range(config.seed, config.seed + seeds))
-  data, floors = jax.device_get(problem_data(
-      keys, jnp.float32(config.noise_std), num_clients=num_clients, dim=config.dim,
-      rep_dim=rep_dim, samples=tuple(samples), spectrum=config.spectrum))
+  data = problem_data(keys, jnp.float32(config.noise_std), num_clients=num_clients,
+                      dim=config.dim, samples=tuple(samples), spectrum=config.spectrum)
+  data, floors = jax.device_get(with_rep_dim(data, rep_dim))
   block = len(samples) * seeds  # runs of one (name, gamma1): N-major, then seed
   block_keys = jnp.tile(keys[:, 2], (len(samples),))
   rows = []
