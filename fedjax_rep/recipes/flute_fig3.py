@@ -33,9 +33,9 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   return fc.run_grid(config, seeds, unit, progress, **grid(config))
 
 
-def plot(rows, config: Config, file) -> None:
+def plot(rows, config: Config, file, figure: str = "FLUTE Fig. 3") -> None:
   fc.grid_figure(rows, config, file, **grid(config),
-                 title=f"FLUTE Fig. 3: d={config.dim}, {config.spectrum} spectrum, "
+                 title=f"{figure}: d={config.dim}, {config.spectrum} models, "
                        f"eta={config.lr}, {config.loss} loss")
 
 
