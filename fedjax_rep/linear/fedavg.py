@@ -103,10 +103,11 @@ class FedAvg:
     if mask is not None:
       counts = jnp.where(mask, counts, 0.0)
     weights = counts / jnp.maximum(jnp.sum(counts), 1)  # clients weigh by their samples
+    normalizers = jnp.maximum(counts, 1)  # masked clients: any nonzero count (weight 0)
     train_loss = jnp.sum(weights * jax.vmap(model_loss_and_grad, in_axes=(0, None, 0))(
-        batch, state.B @ state.w, jnp.maximum(counts, 1))[0])
+        batch, state.B @ state.w, normalizers)[0])
     B_i, w_i = jax.vmap(local_gd, in_axes=(None, None, 0, None, None, None, 0))(
-        state.B, state.w, batch, hparams.lr, self.local_steps, True, jnp.maximum(counts, 1))
+        state.B, state.w, batch, hparams.lr, self.local_steps, True, normalizers)
     state = GlobalState(B=jnp.einsum("c,cdk->dk", weights, B_i), w=weights @ w_i)
     metrics = round_metrics(state.B, lambda: self.personal_models(state, data), data,
                             train_loss)

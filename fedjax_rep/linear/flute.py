@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_rep.linear import init as init_lib
-from fedjax_rep.linear.fedrep import RepState, mean_rep_gradient
+from fedjax_rep.linear.fedrep import RepState
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
 
@@ -57,8 +57,8 @@ def data_grads(B: jax.Array, heads: jax.Array, X: jax.Array, y: jax.Array, count
   linear algorithm."""
   Z = jnp.einsum("cmd,dk->cmk", X, B)
   residual = jnp.einsum("cmk,ck->cm", Z, heads) - y
-  per_sample = 2 * scale / counts[:, None] * residual
-  grad_B = 2 * scale * heads.shape[0] * mean_rep_gradient(X, residual, heads, counts)
+  per_sample = 2 * scale / counts[:, None] * residual  # dL_i / d(prediction) [M, N]
+  grad_B = jnp.einsum("cmd,cm,ck->dk", X, per_sample, heads)  # one [d, M N] x [M N, k] product
   grad_heads = jnp.einsum("cmk,cm->ck", Z, per_sample)
   loss = 0.5 * jnp.mean(jnp.sum(residual ** 2, axis=1) / counts)
   return grad_B, grad_heads, loss
