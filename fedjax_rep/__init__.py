@@ -3,8 +3,14 @@
 The flat public API; implementation lives in the subpackages.
 """
 
+from fedjax_rep.core.aggregate import weighted_mean, weighted_sum
 from fedjax_rep.core.cohort import cohort_size, sample_cohort
-from fedjax_rep.core.loop import RunResult, init_state, run
+from fedjax_rep.core.loop import RunResult, evaluate, init_state, run
+from fedjax_rep.core.protocols import Algorithm, ClientData, Evaluated, MaskedAlgorithm
+from fedjax_rep.core.registry import ALGORITHMS
+from fedjax_rep.data import digits
+from fedjax_rep.data.federated import ClientDatasets, client_datasets
+from fedjax_rep.data.partition import PARTITIONS, partition
 from fedjax_rep.core.tree import gather, scatter, stack
 from fedjax_rep.hetero.speeds import SpeedModel, dynamic_speeds, fixed_speeds, given_speeds
 from fedjax_rep.hetero.timed import (Timed, TimedHparams, TimedState, fixed_participants,
@@ -24,7 +30,12 @@ from fedjax_rep.linear.problem import (FixedData, FreshData, LinearProblem, Popu
                                        sample, sample_clients)
 from fedjax_rep.linear.underparam import make_models, rank_k_error, spectrum, top_subspace
 from fedjax_rep.linear.underparam import make_data as make_underparam_data
-from fedjax_rep.linear.registry import ALGORITHMS, make_algorithm
+from fedjax_rep.linear.registry import make_algorithm
+from fedjax_rep.nn.algorithm import NNState, Personalized
+from fedjax_rep.nn.hparams import NNHparams
+from fedjax_rep.nn.hparams import hparams as nn_hparams
+from fedjax_rep.nn.models import MODELS, make_model
+from fedjax_rep.nn.registry import make_algorithm as make_neural_algorithm
 from fedjax_rep.recipes import RECIPES, resolve, run_to_dir
 from fedjax_rep.recipes import run as run_recipe
 from fedjax_rep.recipes.config import ConfigError

@@ -7,18 +7,20 @@ DEFAULT_RECIPE = "fedrep-fig3"
 
 
 def _list() -> None:
+  import fedjax_rep  # noqa: F401  registers every family's algorithms
+  from fedjax_rep.core.registry import ALGORITHMS
   from fedjax_rep.hetero.timed import SCHEDULES
-  from fedjax_rep.linear.registry import ALGORITHMS
   from fedjax_rep.recipes import RECIPES
   print("recipes:")
   for name, recipe in RECIPES.items():
-    print(f"  {name:<16} {recipe.summary}")
-  print("algorithms:")
-  for name, summary in ALGORITHMS.items():
-    print(f"  {name:<16} {summary}")
+    print(f"  {name:<20} {recipe.summary}")
+  for family, entries in ALGORITHMS.items():
+    print(f"{family} algorithms:")
+    for name, entry in entries.items():
+      print(f"  {name:<20} {entry.summary}")
   print("participation schedules on a simulated clock (wrap fedrep: hetero.timed):")
   for name, summary in SCHEDULES.items():
-    print(f"  {name:<16} {summary}")
+    print(f"  {name:<20} {summary}")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ import numpy as np
 from flax import struct
 
 from fedjax_rep.core import cohort as cohort_lib
+from fedjax_rep.core.protocols import MaskedAlgorithm
 from fedjax_rep.hetero import clock, schedule, speeds as speeds_lib
 from fedjax_rep.hetero.speeds import SpeedModel
 
@@ -65,6 +66,11 @@ class Timed:
   cohort: int
   local_updates: int = 1
   name: str = "timed"
+
+  def __post_init__(self):
+    if not isinstance(self.inner, MaskedAlgorithm):
+      raise TypeError(f"Timed needs an algorithm with masked_round (core.protocols."
+                      f"MaskedAlgorithm); {type(self.inner).__name__} has none")
 
   def init(self, key, data, hparams: TimedHparams) -> TimedState:
     if self.speeds.num_clients != data.num_clients:

@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from fedjax_rep.core import aggregate
 from fedjax_rep.core import cohort as cohort_lib
-from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
-from fedjax_rep.linear.problem import FixedData, Targets
+from fedjax_rep.linear.problem import Targets
 
 
 @struct.dataclass
@@ -102,13 +102,12 @@ class FedAvg:
     counts = data.sample_counts(clients)
     if mask is not None:
       counts = jnp.where(mask, counts, 0.0)
-    weights = counts / jnp.maximum(jnp.sum(counts), 1)  # clients weigh by their samples
     normalizers = jnp.maximum(counts, 1)  # masked clients: any nonzero count (weight 0)
-    train_loss = jnp.sum(weights * jax.vmap(model_loss_and_grad, in_axes=(0, None, 0))(
-        batch, state.B @ state.w, normalizers)[0])
+    train_loss = aggregate.weighted_mean(jax.vmap(model_loss_and_grad, in_axes=(0, None, 0))(
+        batch, state.B @ state.w, normalizers)[0], counts)  # clients weigh by their samples
     B_i, w_i = jax.vmap(local_gd, in_axes=(None, None, 0, None, None, None, 0))(
         state.B, state.w, batch, hparams.lr, self.local_steps, True, normalizers)
-    state = GlobalState(B=jnp.einsum("c,cdk->dk", weights, B_i), w=weights @ w_i)
+    state = aggregate.weighted_mean(GlobalState(B=B_i, w=w_i), counts)
     metrics = round_metrics(state.B, lambda: self.personal_models(state, data), data,
                             train_loss)
     everyone = batch if clients.shape[0] == data.num_clients else data.batch(
@@ -120,6 +119,7 @@ class FedAvg:
 
   def personal_models(self, state: GlobalState, data) -> jax.Array:
     """theta_i [n, d]: B w for every client, or B w_i with w_i fitted on local data."""
-    if self.head_fit and isinstance(data, FixedData):
-      return heads_lib.fit_models(data.X, data.y, state.B)
+    fitted = data.refit_models(state.B) if self.head_fit else None
+    if fitted is not None:
+      return fitted
     return jnp.broadcast_to(state.B @ state.w, (data.num_clients, state.B.shape[0]))

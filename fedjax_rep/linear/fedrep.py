@@ -16,8 +16,8 @@ from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import tree
 from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import init as init_lib
+from fedjax_rep.core import aggregate
 from fedjax_rep.linear.hparams import LinearHparams
-from fedjax_rep.linear.problem import FixedData
 from fedjax_rep.linear.metrics import round_metrics
 
 
@@ -35,16 +35,14 @@ def mean_rep_gradient(X: jax.Array, residual: jax.Array, w: jax.Array,
 
   m_i = counts[i] real samples (padding rows are zero), default m. With `mask` [c] (bool)
   the mean is over the clients where it is True (c = their number).
-  One contraction over (client, sample): a [d, c*m] x [c*m, k] matrix product, instead of c
-  small products.
+  One contraction over (client, sample) (`aggregate.weighted_einsum`), instead of c small
+  products.
   """
   c, m = residual.shape
-  if counts is not None:
-    residual = residual * (m / counts)[:, None]
-  if mask is not None:
-    residual = jnp.where(mask[:, None], residual, 0.0)
-    c = jnp.maximum(jnp.sum(mask), 1)
-  return jnp.einsum("cmd,cm,ck->dk", X, residual, w) / (c * m)
+  counts = jnp.full((c,), m, residual.dtype) if counts is None else counts
+  weights = jnp.ones((c,), residual.dtype) if mask is None else mask.astype(residual.dtype)
+  return aggregate.mean(*aggregate.weighted_einsum(
+      "cmd,cm,ck->dk", weights, X, residual / counts[:, None], w))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,13 +91,12 @@ class FedRep:
       B = jnp.linalg.qr(B)[0]
     state = RepState(B=B, heads=tree.scatter(state.heads, clients, w))
     losses = 0.5 * jnp.sum(residual ** 2, axis=1) / counts
-    train_loss = jnp.mean(losses) if mask is None else jnp.sum(
-        jnp.where(mask, losses, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+    train_loss = jnp.mean(losses) if mask is None else aggregate.weighted_mean(
+        losses, mask.astype(losses.dtype))
     return state, round_metrics(B, lambda: self.personal_models(state, data), data, train_loss)
 
   def personal_models(self, state: RepState, data) -> jax.Array:
     """theta_i = B w_i [n, d]. With fixed local data each client refits its head on its own
     data for the current B (least squares); otherwise its stored head is used."""
-    if isinstance(data, FixedData):
-      return heads_lib.fit_models(data.X, data.y, state.B)
-    return state.heads @ state.B.T
+    fitted = data.refit_models(state.B)
+    return state.heads @ state.B.T if fitted is None else fitted

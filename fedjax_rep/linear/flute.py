@@ -23,6 +23,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from fedjax_rep.core import aggregate
 from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.fedrep import RepState
 from fedjax_rep.linear.hparams import LinearHparams
@@ -58,7 +59,8 @@ def data_grads(B: jax.Array, heads: jax.Array, X: jax.Array, y: jax.Array, count
   Z = jnp.einsum("cmd,dk->cmk", X, B)
   residual = jnp.einsum("cmk,ck->cm", Z, heads) - y
   per_sample = 2 * scale / counts[:, None] * residual  # dL_i / d(prediction) [M, N]
-  grad_B = jnp.einsum("cmd,cm,ck->dk", X, per_sample, heads)  # one [d, M N] x [M N, k] product
+  grad_B = aggregate.weighted_einsum(  # a sum over clients: one [d, M N] x [M N, k] product
+      "cmd,cm,ck->dk", jnp.ones(X.shape[:1], X.dtype), X, per_sample, heads)[0]
   grad_heads = jnp.einsum("cmk,cm->ck", Z, per_sample)
   loss = 0.5 * jnp.mean(jnp.sum(residual ** 2, axis=1) / counts)
   return grad_B, grad_heads, loss

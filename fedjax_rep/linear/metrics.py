@@ -3,8 +3,6 @@
 import jax
 import jax.numpy as jnp
 
-from fedjax_rep.linear.problem import FixedData
-
 
 def principal_angle(B: jax.Array, B_star: jax.Array) -> jax.Array:
   """dist(B, B*) = ||(I - Q Q^T) Q*||_2: the sine of the largest principal angle (not squared).
@@ -28,15 +26,9 @@ def model_error(theta: jax.Array, models: jax.Array) -> jax.Array:
 
 
 def round_metrics(B, theta_fn, data, train_loss):
-  """train_loss, and principal_angle / test_error / model_error where the data has B* / a
-  test set / ground-truth models. theta_fn() gives the personal models [n, d]."""
+  """train_loss, principal_angle where the data has B*, and the data's own model metrics
+  (`model_metrics`: test_error / model_error). theta_fn() gives the personal models [n, d]."""
   metrics = {"train_loss": train_loss}
   if data.B_star is not None:
     metrics["principal_angle"] = principal_angle(B, data.B_star)
-  if isinstance(data, FixedData):
-    theta = theta_fn() if data.X_test is not None or data.models is not None else None
-    if data.X_test is not None:
-      metrics["test_error"] = mean_squared_error(theta, data.X_test, data.y_test)
-    if data.models is not None:
-      metrics["model_error"] = model_error(theta, data.models)
-  return metrics
+  return {**metrics, **data.model_metrics(theta_fn)}

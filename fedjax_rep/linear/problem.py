@@ -3,7 +3,8 @@
 Ground truth (FedRep, Section 4): y = x^T B* w_i* + noise, with B* [d, k] orthonormal,
 ||w_i*|| = sqrt(k), x ~ N(0, I_d), noise ~ N(0, noise_std^2).
 
-Two data modes, both with `num_clients`, `B_star` and `batch(key, clients)`:
+Data modes (`core.protocols.ClientData`), all with `num_clients`, `B_star`, `batch(key,
+clients)`, `refit_models(B)` and `model_metrics(theta_fn)`:
 - `FixedData`: a fixed local dataset per client (X [n, m, d], y [n, m]); optional held-out
   test samples. Also how users bring their own data (`client_data`).
 - `FreshData`: every time a client is sampled it draws m fresh samples, generated on the
@@ -13,6 +14,9 @@ Two data modes, both with `num_clients`, `B_star` and `batch(key, clients)`:
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from fedjax_rep.linear import heads as heads_lib
+from fedjax_rep.linear import metrics as metrics_lib
 
 
 @struct.dataclass
@@ -114,6 +118,22 @@ class FixedData:
       return self.X, self.y
     return self.X[clients], self.y[clients]
 
+  def refit_models(self, B: jax.Array) -> jax.Array:
+    """theta_i = B w_i [n, d] with each client's least-squares head on its own data for B."""
+    return heads_lib.fit_models(self.X, self.y, B)
+
+  def model_metrics(self, theta_fn) -> dict:
+    """test_error (with a test set) and model_error (with ground-truth models) of the
+    personal models theta_fn() [n, d]; theta_fn is called only if one of them applies."""
+    if self.X_test is None and self.models is None:
+      return {}
+    theta, metrics = theta_fn(), {}
+    if self.X_test is not None:
+      metrics["test_error"] = metrics_lib.mean_squared_error(theta, self.X_test, self.y_test)
+    if self.models is not None:
+      metrics["model_error"] = metrics_lib.model_error(theta, self.models)
+    return metrics
+
 
 @struct.dataclass
 class ProblemData:
@@ -131,6 +151,15 @@ class ProblemData:
   @property
   def B_star(self) -> jax.Array:
     return self.problem.B_star
+
+  def refit_models(self, B: jax.Array) -> None:
+    """None: there are no fixed local datasets to refit heads on (clients keep theirs)."""
+    del B
+
+  def model_metrics(self, theta_fn) -> dict:
+    """No held-out data: nothing to measure beyond the round's own metrics."""
+    del theta_fn
+    return {}
 
 
 @struct.dataclass

@@ -1,47 +1,65 @@
-"""Registry of the linear algorithms: name -> one-line description, and `make_algorithm`."""
+"""The linear algorithms in the registry (`core.registry`), and `make_algorithm`."""
 
 import re
 
+from fedjax_rep.core import registry
 from fedjax_rep.linear.fedavg import FedAvg
 from fedjax_rep.linear.fedrep import FedRep
 from fedjax_rep.linear.flute import Flute
 
-ALGORITHMS = {
-    "fedrep": "FedRep (Alg. 2): exact least-squares heads, one GD step on B, server average",
-    "gd-gd": "alternating GD: one head GD step, then one GD step on B",
-    "10gd-gd": "tau GD-GD: 10 head GD steps (any 'Ngd-gd'), then one GD step on B",
-    "fedavg": "FedAvg on the linear model: one global (B, w), local GD steps, averaging",
-    "fedavg-tau2": "FedAvg with 2 local GD steps on (B, w) (any 'fedavg-tauN')",
-    "d-gd": "distributed GD: FedAvg with one local step (FedAvg-FT's baseline)",
-    "flute": "linear FLUTE (Alg. 1): N(0, alpha^2) init, server GD step on the data losses and "
-             "the regulariser -g1||BW||^2 + g2(||B^TB||^2 + ||WW^T||^2); all clients every round",
-    "fedrep-ri": "FedRep(RI): FedRep with FLUTE's random N(0, alpha^2) initialisation",
-    "local": "local only: each client's least-squares fit in R^d, no federation",
-}
+
+def _fedrep(name, *, rep_dim, cohort, init_method="moments", **_):
+  return FedRep(rep_dim=rep_dim, cohort=cohort, init_method=init_method, name=name)
+
+
+def _fedrep_ri(name, *, rep_dim, cohort, **_):
+  return FedRep(rep_dim=rep_dim, cohort=cohort, init_method="gaussian", name=name)
+
+
+def _gd_gd(name, *, rep_dim, cohort, init_method="moments", **_):
+  steps = int(re.fullmatch(r"(\d*)gd-gd", name).group(1) or 1)
+  return FedRep(rep_dim=rep_dim, cohort=cohort, head_steps=steps, init_method=init_method,
+                name=name)
+
+
+def _fedavg(name, *, rep_dim, cohort, local_steps=1, init_method="moments", **_):
+  match = re.fullmatch(r"fedavg-tau(\d+)", name)
+  steps = 1 if name == "d-gd" else int(match.group(1)) if match else local_steps
+  return FedAvg(rep_dim=rep_dim, cohort=cohort, local_steps=steps, init_method=init_method,
+                name=name)
+
+
+def _flute(name, *, rep_dim, loss="half-mean", **_):
+  return Flute(rep_dim=rep_dim, loss=loss, name=name)
+
+
+for _args in [
+    ("fedrep", "FedRep (Alg. 2): exact least-squares heads, one GD step on B, server average",
+     _fedrep),
+    ("gd-gd", "alternating GD: one head GD step, then one GD step on B", _gd_gd),
+    ("10gd-gd", "tau GD-GD: 10 head GD steps (any 'Ngd-gd'), then one GD step on B", _gd_gd,
+     r"\d+gd-gd"),
+    ("fedavg", "FedAvg on the linear model: one global (B, w), local GD steps, averaging",
+     _fedavg),
+    ("fedavg-tau2", "FedAvg with 2 local GD steps on (B, w) (any 'fedavg-tauN')", _fedavg,
+     r"fedavg-tau\d+"),
+    ("d-gd", "distributed GD: FedAvg with one local step (FedAvg-FT's baseline)", _fedavg),
+    ("flute", "linear FLUTE (Alg. 1): N(0, alpha^2) init, server GD step on the data losses "
+     "and the regulariser -g1||BW||^2 + g2(||B^TB||^2 + ||WW^T||^2); all clients every round",
+     _flute),
+    ("fedrep-ri", "FedRep(RI): FedRep with FLUTE's random N(0, alpha^2) initialisation",
+     _fedrep_ri),
+]:
+  registry.register("linear", *_args)
+
+ALGORITHMS = registry.ALGORITHMS["linear"]
 
 
 def make_algorithm(name: str, *, rep_dim: int, cohort: int, local_steps: int = 1,
-                   head_fit: bool = False, init_method: str = "moments",
-                   loss: str = "half-mean"):
-  """The round-based algorithm registered as `name`: 'fedrep', 'fedrep-ri', 'gd-gd',
+                   init_method: str = "moments", loss: str = "half-mean"):
+  """The round-based linear algorithm registered as `name`: 'fedrep', 'fedrep-ri', 'gd-gd',
   'Ngd-gd', 'fedavg' (with `local_steps`), 'fedavg-tauN' (N local steps), 'd-gd' (one local
   step) or 'flute' (with loss normalisation `loss`; every client every round, so `cohort`
-  does not apply)."""
-  if name == "fedrep":
-    return FedRep(rep_dim=rep_dim, cohort=cohort, init_method=init_method, name=name)
-  if name == "fedrep-ri":
-    return FedRep(rep_dim=rep_dim, cohort=cohort, init_method="gaussian", name=name)
-  if name == "flute":
-    return Flute(rep_dim=rep_dim, loss=loss, name=name)
-  match = re.fullmatch(r"(\d*)gd-gd", name)
-  if match:
-    steps = int(match.group(1) or 1)
-    return FedRep(rep_dim=rep_dim, cohort=cohort, head_steps=steps, init_method=init_method,
-                  name=name)
-  match = re.fullmatch(r"fedavg-tau(\d+)", name)
-  if name in ("fedavg", "d-gd") or match:
-    steps = 1 if name == "d-gd" else int(match.group(1)) if match else local_steps
-    return FedAvg(rep_dim=rep_dim, cohort=cohort, local_steps=steps, head_fit=head_fit,
-                  init_method=init_method, name=name)
-  raise ValueError(f"unknown round-based linear algorithm {name!r}; "
-                   f"known: {', '.join(a for a in ALGORITHMS if a != 'local')}")
+  does not apply). Local-only training is `local.local_models` (no rounds)."""
+  return registry.make(name, "linear", rep_dim=rep_dim, cohort=cohort, local_steps=local_steps,
+                       init_method=init_method, loss=loss)

@@ -131,3 +131,26 @@ def validate(config):
   if hasattr(config, "check"):
     config.check()
   return config
+
+
+# Fields every recipe uses (DESIGN.md names them).
+
+
+def num_clients(default):
+  return positive_int("number of clients n", default)
+
+
+def rounds(default):
+  return positive_int("communication rounds T", default)
+
+
+def participation(default):
+  return fraction("fraction r of clients sampled each round", default)
+
+
+def lr(default, what="step size of the representation (and FedAvg) GD steps"):
+  return positive_float(what, default)
+
+
+def seed(default=0):
+  return positive_int("seed of the first run (later seeds count up)", default, low=0)

@@ -14,6 +14,7 @@ from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import linear_common as common
+from fedjax_rep.recipes import shared
 
 
 def algorithm_name(local_steps: int) -> str:
@@ -24,19 +25,19 @@ def algorithm_name(local_steps: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
   """The training part of a FedAvg-FT recipe's configuration."""
-  num_clients: int = common.num_clients(40)
+  num_clients: int = cfg.num_clients(40)
   dim: int = common.dim(100)
   rep_dim: int = common.rep_dim(5)
-  rounds: int = common.rounds(2000)
-  participation: float = common.participation(1.0)
-  lr: float = common.lr(0.2, "step size alpha of every local GD step")
+  rounds: int = cfg.rounds(2000)
+  participation: float = cfg.participation(1.0)
+  lr: float = cfg.lr(0.2, "step size alpha of every local GD step")
   local_steps: tuple = cfg.positive_int("local steps tau to compare (1 = D-GD)", (1, 2, 5, 10),
                                         sequence=True)
   data_mode: str = cfg.choice("population losses, or fixed / fresh samples per client",
                               "population", ("population", "fixed", "fresh"))
   samples_per_client: int = common.samples_per_client(100)
   noise_std: float = common.noise_std(0.0)
-  seed: int = common.seed()
+  seed: int = cfg.seed()
 
   def check(self):
     common.check_rep_dim(self)
@@ -53,5 +54,5 @@ def train(config, keys, local_steps: int, unit, progress: bool):
   algorithm = make_algorithm(name, rep_dim=config.rep_dim,
                              cohort=cohort_size(config.num_clients, config.participation),
                              init_method="random-scaled")
-  return name, data, common.trained(unit, algorithm, data, common.hparams(config), keys,
+  return name, data, shared.trained(unit, algorithm, data, common.hparams(config), keys,
                                    config.rounds, progress, keep=("B", "w"))

@@ -9,8 +9,8 @@ names fedavg-tau2/5/10) and D-GD (tau = 1, `d-gd`), 10 seeds with a min-max band
 import dataclasses
 
 from fedjax_rep.recipes import fedavg_ft_common as ft
-from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
+from fedjax_rep.recipes import shared
 from fedjax_rep.recipes.registry import Recipe, register
 
 
@@ -21,12 +21,12 @@ class Config(ft.TrainingConfig):
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   seed_values = list(range(config.seed, config.seed + seeds))
-  keys = common.seed_keys(config.seed, seeds)
+  keys = shared.seed_keys(config.seed, seeds)
   rows = []
   for tau in config.local_steps:
     name, _, trained = ft.train(config, keys, tau, unit, progress)
     metrics = {k: v for k, v in trained.items() if k not in ("B", "w")}
-    rows += common.round_rows(name, seed_values, metrics, local_steps=tau)
+    rows += shared.round_rows(name, seed_values, metrics, local_steps=tau)
   return rows
 
 

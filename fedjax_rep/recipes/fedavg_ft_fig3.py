@@ -23,18 +23,19 @@ from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import fedavg_ft_common as ft
 from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
+from fedjax_rep.recipes import shared
 from fedjax_rep.recipes.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
 class Config(ft.TrainingConfig):
-  rounds: int = common.rounds(5000)
+  rounds: int = cfg.rounds(5000)
   local_steps: tuple = cfg.positive_int("local steps tau to compare (1 = D-GD)", (1, 2),
                                         sequence=True)
   finetune_samples: tuple = cfg.positive_int("samples n of each new client (x-axis)",
                                              (5, 10, 20, 50, 100, 200, 500), sequence=True)
   finetune_steps: int = cfg.positive_int("GD steps tau' of the new clients' fine-tuning", 200)
-  finetune_lr: float = common.lr(0.02, "step size of the fine-tuning GD steps")
+  finetune_lr: float = cfg.lr(0.02, "step size of the fine-tuning GD steps")
   finetune_noise_std: float = common.noise_std(0.1)
   new_clients: int = cfg.positive_int("number of new clients averaged over", 100)
 
@@ -49,13 +50,13 @@ def fine_tune_errors(keys, B, w, B_star, noise_std, lr, sample_counts, num_clien
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   seed_values = list(range(config.seed, config.seed + seeds))
-  keys = common.seed_keys(config.seed, seeds)
+  keys = shared.seed_keys(config.seed, seeds)
   new_client_keys = jax.vmap(lambda k: jax.random.fold_in(k, 4))(keys[:, 0])
   rows = []
   for tau in config.local_steps:
     name, data, trained = ft.train(config, keys, tau, unit, progress)
     B, w = trained.pop("B"), trained.pop("w")
-    rows += common.round_rows(name, seed_values, trained, local_steps=tau)
+    rows += shared.round_rows(name, seed_values, trained, local_steps=tau)
     errors = unit(f"{name}-finetune", lambda: {"finetune_error": np.asarray(fine_tune_errors(
         new_client_keys, jnp.asarray(B), jnp.asarray(w), data.B_star,
         config.finetune_noise_std, jnp.float32(config.finetune_lr), config.finetune_samples,

@@ -22,23 +22,24 @@ from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
+from fedjax_rep.recipes import shared
 from fedjax_rep.recipes.registry import Recipe, register
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  num_clients: int = common.num_clients(100)
+  num_clients: int = cfg.num_clients(100)
   dim: int = common.dim(20)
   rep_dim: int = common.rep_dim(2)
   samples_per_client: tuple = cfg.positive_int("samples per client m (x-axis)",
                                                (5, 10, 15, 20, 30, 40, 60), sequence=True)
-  rounds: int = common.rounds(300)
-  participation: float = common.participation(0.1)
-  lr: float = common.lr(0.1)
+  rounds: int = cfg.rounds(300)
+  participation: float = cfg.participation(0.1)
+  lr: float = cfg.lr(0.1)
   fedavg_local_steps: int = cfg.positive_int("local GD steps of FedAvg per round", 10)
   fedavg_init: str = common.fedavg_init()
   test_samples: int = cfg.positive_int("held-out test samples per client", 100)
   noise_std: float = common.noise_std()
-  seed: int = common.seed()
+  seed: int = cfg.seed()
   algorithms: tuple = cfg.choice("algorithms to compare", common.FEDREP_BASELINES,
                                  common.FEDREP_BASELINES, sequence=True)
 
@@ -55,7 +56,7 @@ def local_test_error(data):
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   seed_values = list(range(config.seed, config.seed + seeds))
-  keys = common.seed_keys(config.seed, seeds)
+  keys = shared.seed_keys(config.seed, seeds)
   cohort = cohort_size(config.num_clients, config.participation)
   rows = []
   for m in config.samples_per_client:
@@ -66,17 +67,17 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
       if name == "local":
         metrics = unit(f"local-m{m}", lambda: {"test_error": np.asarray(
             local_test_error(data))[:, None]})
-        rows += [dict(row, round=0) for row in common.round_rows(
+        rows += [dict(row, round=0) for row in shared.round_rows(
             name, seed_values, metrics, samples_per_client=m)]
         continue
       algorithm = make_algorithm(name, rep_dim=config.rep_dim, cohort=cohort,
                                  local_steps=config.fedavg_local_steps,
                                  init_method=config.fedavg_init if name == "fedavg"
                                  else "moments")
-      metrics = unit(f"{name}-m{m}", lambda: common.run_seeds(
+      metrics = unit(f"{name}-m{m}", lambda: shared.run_seeds(
           algorithm, data, common.hparams(config), keys, config.rounds, progress,
           desc=f"{name} m={m}").metrics)
-      rows += common.round_rows(name, seed_values, metrics, samples_per_client=m)
+      rows += shared.round_rows(name, seed_values, metrics, samples_per_client=m)
   return rows
 
 

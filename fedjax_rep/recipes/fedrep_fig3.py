@@ -16,6 +16,7 @@ from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
+from fedjax_rep.recipes import shared
 from fedjax_rep.recipes.registry import Recipe, register
 
 
@@ -26,12 +27,12 @@ class Config:
   dim: int = common.dim(10)
   rep_dim: int = common.rep_dim(2)
   samples_per_client: int = common.samples_per_client(5)
-  rounds: int = common.rounds(200)
-  participation: float = common.participation(0.1)
-  lr: float = common.lr(0.1)
-  head_lr: float = common.lr(0.1, "step size of the head GD steps (GD-GD, 10GD-GD)")
+  rounds: int = cfg.rounds(200)
+  participation: float = cfg.participation(0.1)
+  lr: float = cfg.lr(0.1)
+  head_lr: float = cfg.lr(0.1, "step size of the head GD steps (GD-GD, 10GD-GD)")
   noise_std: float = common.noise_std()
-  seed: int = common.seed()
+  seed: int = cfg.seed()
   data_mode: str = cfg.choice("fixed local datasets, or fresh samples every round", "fixed",
                               ("fixed", "fresh"))
   algorithms: tuple = cfg.choice("algorithms to compare", ("fedrep", "gd-gd", "10gd-gd"),
@@ -43,7 +44,7 @@ class Config:
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   seed_values = list(range(config.seed, config.seed + seeds))
-  keys = common.seed_keys(config.seed, seeds)
+  keys = shared.seed_keys(config.seed, seeds)
   rows = []
   for n in config.num_clients:
     data = common.seed_data(keys, num_clients=n, dim=config.dim, rep_dim=config.rep_dim,
@@ -52,10 +53,10 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
     for name in config.algorithms:
       algorithm = make_algorithm(name, rep_dim=config.rep_dim,
                                  cohort=cohort_size(n, config.participation))
-      metrics = unit(f"{name}-n{n}", lambda: common.run_seeds(
+      metrics = unit(f"{name}-n{n}", lambda: shared.run_seeds(
           algorithm, data, common.hparams(config), keys, config.rounds, progress,
           desc=f"{name} n={n}").metrics)
-      rows += common.round_rows(name, seed_values, metrics, num_clients=n)
+      rows += shared.round_rows(name, seed_values, metrics, num_clients=n)
   return rows
 
 

@@ -22,17 +22,18 @@ from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
+from fedjax_rep.recipes import shared
 from fedjax_rep.recipes.registry import Recipe, register
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  num_clients: int = common.num_clients(100)
+  num_clients: int = cfg.num_clients(100)
   dim: int = common.dim(20)
   rep_dim: int = common.rep_dim(2)
   samples_per_client: int = common.samples_per_client(10)
-  rounds: int = common.rounds(300)
-  participation: float = common.participation(0.1)
-  lr: float = common.lr(0.1)
+  rounds: int = cfg.rounds(300)
+  participation: float = cfg.participation(0.1)
+  lr: float = cfg.lr(0.1)
   fedavg_local_steps: int = cfg.positive_int("local GD steps of FedAvg per round", 10)
   fedavg_init: str = common.fedavg_init()
   new_client_samples: tuple = cfg.positive_int(
@@ -41,7 +42,7 @@ class Config:
   new_clients: int = cfg.positive_int("number of new clients averaged over", 100)
   test_samples: int = cfg.positive_int("test samples per new client", 500)
   noise_std: float = common.noise_std()
-  seed: int = common.seed()
+  seed: int = cfg.seed()
   algorithms: tuple = cfg.choice("algorithms to compare", common.FEDREP_BASELINES,
                                  common.FEDREP_BASELINES, sequence=True)
 
@@ -59,7 +60,7 @@ def new_client_errors(keys, B, B_star, noise_std, sample_counts, num_clients, te
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   seed_values = list(range(config.seed, config.seed + seeds))
-  keys = common.seed_keys(config.seed, seeds)
+  keys = shared.seed_keys(config.seed, seeds)
   data = common.seed_data(keys, num_clients=config.num_clients, dim=config.dim,
                           rep_dim=config.rep_dim, noise_std=config.noise_std,
                           samples=config.samples_per_client)
@@ -73,10 +74,10 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
                                  local_steps=config.fedavg_local_steps,
                                  init_method=config.fedavg_init if name == "fedavg"
                                  else "moments")
-      metrics = common.trained(unit, algorithm, data, common.hparams(config), keys,
+      metrics = shared.trained(unit, algorithm, data, common.hparams(config), keys,
                                config.rounds, progress)
       B = metrics.pop("B")
-      rows += common.round_rows(name, seed_values, metrics)
+      rows += shared.round_rows(name, seed_values, metrics)
     errors = unit(f"{name}-new", lambda: {"new_client_error": np.asarray(new_client_errors(
         new_client_keys, B, data.B_star, config.noise_std, config.new_client_samples,
         config.new_clients, config.test_samples))})["new_client_error"]

@@ -23,6 +23,7 @@ from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
+from fedjax_rep.recipes import shared
 
 NOISE_STD = 0.3 ** 0.5  # App. C.1: label noise of variance 0.3
 ALGORITHMS = ("flute", "fedrep-ri", "fedrep")
@@ -37,14 +38,14 @@ class ProblemConfig:
                              "geometric (2d 0.7^(i-1)), gaussian (phi_i ~ N(0, I), Sec. 7.1)",
                              "linear", underparam.SPECTRA)
   noise_std: float = common.noise_std(NOISE_STD)
-  rounds: int = common.rounds(1000)
-  lr: float = common.lr(0.03, "step size eta_l of every algorithm's data step (B and heads)")
-  reg_lr: float = common.lr(0.03, "FLUTE's regulariser step size eta_r (theory: = lr)")
+  rounds: int = cfg.rounds(1000)
+  lr: float = cfg.lr(0.03, "step size eta_l of every algorithm's data step (B and heads)")
+  reg_lr: float = cfg.lr(0.03, "FLUTE's regulariser step size eta_r (theory: = lr)")
   gamma2: float = cfg.positive_float("FLUTE's weight gamma2 of ||B^T B||^2 + ||W W^T||^2",
                                      0.125)
   loss: str = cfg.choice("FLUTE's loss normalisation: half-mean (1/2N, stable at eta=0.03) or "
                          "mean (1/N, Algorithm 1 as printed)", "half-mean", tuple(LOSSES))
-  seed: int = common.seed()
+  seed: int = cfg.seed()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,13 +121,13 @@ def run_cell(config, keys, unit, progress, *, rep_dim, num_clients, samples, alg
   rows = []
   for program, runs in programs(algorithms, rep_dim=rep_dim, num_clients=num_clients,
                                 loss=config.loss, gamma1s=gamma1s).items():
-    tiled = common.concatenate([data] * len(runs))
+    tiled = shared.concatenate([data] * len(runs))
     hp = hparams(config, np.repeat(np.asarray([g for _, _, g in runs]), block))
     run_keys = jnp.tile(block_keys, (len(runs),))
     cell = f"{program.name}-k{rep_dim}-M{num_clients}"
 
     def compute():
-      state = common.concatenate([
+      state = shared.concatenate([
           loop.init_state(algorithm, data, hparams(config, np.full(block, gamma1)),
                           block_keys, sweep_axes=(0, 0, 0)) for _, algorithm, gamma1 in runs])
       return loop.run(program, tiled, hp, run_keys, config.rounds, state=state,
@@ -138,7 +139,7 @@ def run_cell(config, keys, unit, progress, *, rep_dim, num_clients, samples, alg
       for n, samples_n in enumerate(samples):
         start = r * block + n * seeds
         part = {k: v[start:start + seeds] for k, v in metrics.items()}
-        for row in common.round_rows(name, seed_values, part, rep_dim=rep_dim,
+        for row in shared.round_rows(name, seed_values, part, rep_dim=rep_dim,
                                      num_clients=num_clients, samples_per_client=samples_n,
                                      **columns, **extra):
           row["rank_k_error"] = float(floors[row["seed"] - config.seed])
@@ -204,7 +205,7 @@ def check_rep_dims(config):
 def run_grid(config, seeds, unit, progress, *, rep_dims, client_counts, samples):
   """Rows of config.algorithms (a GridConfig) on every (k, M) cell, each cell vmapped over
   N x seed."""
-  keys = common.seed_keys(config.seed, seeds)
+  keys = shared.seed_keys(config.seed, seeds)
   rows = []
   for k in rep_dims:
     for m in client_counts:

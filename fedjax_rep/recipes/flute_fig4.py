@@ -13,13 +13,14 @@ from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import flute_common as fc
 from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
+from fedjax_rep.recipes import shared
 from fedjax_rep.recipes.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
 class Config(fc.ProblemConfig):
   rep_dim: int = common.rep_dim(6)
-  num_clients: int = common.num_clients(10)
+  num_clients: int = cfg.num_clients(10)
   samples_per_client: tuple = cfg.positive_int("samples per client N, one panel each",
                                                (8, 9, 10, 11), sequence=True)
   gamma1_ratios: tuple = cfg.setting((2.0, 1.0, 2 / 3), cfg.Check(float, low=0.0, open_low=True,
@@ -31,7 +32,7 @@ class Config(fc.ProblemConfig):
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  return fc.run_cell(config, common.seed_keys(config.seed, seeds), unit, progress,
+  return fc.run_cell(config, shared.seed_keys(config.seed, seeds), unit, progress,
                      rep_dim=config.rep_dim, num_clients=config.num_clients,
                      samples=config.samples_per_client, algorithms=("flute",),
                      gamma1s=tuple(r * config.gamma2 for r in config.gamma1_ratios))

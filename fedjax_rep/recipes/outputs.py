@@ -9,6 +9,7 @@ import tempfile
 from importlib import metadata
 
 import numpy as np
+from flax import traverse_util
 
 
 def atomic_write(path: str, write) -> None:
@@ -38,9 +39,9 @@ def versions() -> dict[str, str]:
   return out
 
 
-def csv_text(rows: list[dict]) -> str:
-  """CSV of `rows` (dicts); columns are algorithm, seed, round, then the rest in first-seen order."""
-  columns = ["algorithm", "seed", "round"]
+def csv_text(rows: list[dict], first=("algorithm", "seed", "round")) -> str:
+  """CSV of `rows` (dicts); columns are `first`, then the rest in first-seen order."""
+  columns = list(first)
   for row in rows:
     columns += [c for c in row if c not in columns]
   buffer = io.StringIO()
@@ -73,15 +74,18 @@ class RunDir:
     atomic_write(os.path.join(self.path, name),
                  lambda f: f.write((json.dumps(value, indent=2, sort_keys=True) + "\n").encode()))
 
-  def write_csv(self, name: str, rows: list[dict]) -> None:
-    atomic_write(os.path.join(self.path, name), lambda f: f.write(csv_text(rows).encode()))
+  def write_csv(self, name: str, rows: list[dict], first=("algorithm", "seed", "round")) -> None:
+    atomic_write(os.path.join(self.path, name),
+                 lambda f: f.write(csv_text(rows, first).encode()))
 
   def unit(self, name: str, compute):
-    """compute() -> dict of arrays, saved as parts/NAME.npz; loaded instead if already there."""
+    """compute() -> a dict of arrays, possibly nested (dicts of dicts: e.g. a final state's
+    params), saved as parts/NAME.npz under '/'-joined keys; loaded instead if already there."""
     path = os.path.join(self.path, "parts", name + ".npz")
     if os.path.exists(path):
       with np.load(path) as saved:
-        return {k: saved[k] for k in saved.files}
+        return traverse_util.unflatten_dict({k: saved[k] for k in saved.files}, sep="/")
     result = compute()
-    atomic_write(path, lambda f: np.savez(f, **result))
+    flat = traverse_util.flatten_dict(result, sep="/")
+    atomic_write(path, lambda f: np.savez(f, **{k: np.asarray(v) for k, v in flat.items()}))
     return result

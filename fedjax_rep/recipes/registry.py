@@ -16,6 +16,7 @@ class Recipe:
   run(config, seeds, unit, progress) -> rows (list of dicts, one per algorithm x seed x round);
   `unit(name, compute)` caches a unit of work (see outputs.RunDir.unit).
   plot(rows, config, path) draws the paper-style figure into `path` (PNG).
+  summarize(rows, config) -> rows of a summary table (summary.csv), or None.
   """
   name: str
   summary: str
@@ -24,6 +25,7 @@ class Recipe:
   run: Callable
   plot: Callable
   default_seeds: int = 1
+  summarize: Callable | None = None
 
 
 RECIPES: dict[str, Recipe] = {}
@@ -76,7 +78,8 @@ def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(
 
 def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(),
                out: str | None = None, progress: bool = True) -> str:
-  """Runs recipe `name` and writes metrics.csv, config.json and NAME.png into `out`.
+  """Runs recipe `name` and writes metrics.csv, config.json, NAME.png (and summary.csv where
+  the recipe has a summary) into `out`.
 
   Finished units are saved under out/parts, so running again with the same `out` and
   configuration resumes instead of starting over. Returns the output directory.
@@ -89,6 +92,8 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
                                  "versions": outputs.versions()})
   rows = recipe.run(config, seeds, unit=run_dir.unit, progress=progress)
   run_dir.write_csv("metrics.csv", rows)
+  if recipe.summarize is not None:
+    run_dir.write_csv("summary.csv", recipe.summarize(rows, config), first=("algorithm",))
   outputs.atomic_write(os.path.join(out, f"{name}.png"),
                        lambda f: recipe.plot(rows, config, f))
   return out

@@ -33,6 +33,7 @@ from fedjax_rep.hetero import schedule, speeds, timed
 from fedjax_rep.linear.fedrep import FedRep
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import linear_common as common
+from fedjax_rep.recipes import shared
 
 ALGORITHMS = ("srpfl", "fedrep", "fastest-n")
 LABELS = {"srpfl": "SRPFL", "fedrep": "FedRep (all N)", "fastest-n": "fastest n0 only"}
@@ -44,10 +45,10 @@ class TimedConfig:
   dim: int = common.dim(10)
   rep_dim: int = common.rep_dim(2)
   samples_per_client: int = common.samples_per_client(5)
-  rounds: int = common.rounds(400)
-  lr: float = common.lr(0.1)
+  rounds: int = cfg.rounds(400)
+  lr: float = cfg.lr(0.1)
   noise_std: float = common.noise_std(0.1)
-  seed: int = common.seed()
+  seed: int = cfg.seed()
   n0: int = cfg.positive_int("SRPFL's initial participants n0 (and fastest-n's n)", 10)
   schedule: str = cfg.choice("rounds per stage: fixed (stage_rounds each) or theorem "
                              "(Theorem 4.5's rule, calibrated on a pilot FedRep run)", "fixed",
@@ -147,11 +148,11 @@ def run_panel(config, keys, unit, progress, *, num_clients, speed, comm_costs, a
 
   def run(unit_name, schedules):
     """metrics [names, C, seeds, T] of the runs with participants schedules[name, C]."""
-    hp = common.concatenate([per_seed(timed.hparams(common.hparams(config), n_t, c))
+    hp = shared.concatenate([per_seed(timed.hparams(common.hparams(config), n_t, c))
                              for name in names for c, n_t in zip(comm_costs, schedules[name])])
     runs = len(names) * len(comm_costs)
     metrics = unit(unit_name, lambda: loop.run(
-        algorithm, common.concatenate([data] * runs), hp, jnp.tile(keys[:, 2], (runs,)),
+        algorithm, shared.concatenate([data] * runs), hp, jnp.tile(keys[:, 2], (runs,)),
         config.rounds, sweep_axes=(0, 0, 0), progress=progress, desc=unit_name).metrics)
     return {k: v.reshape(len(names), len(comm_costs), seeds, -1) for k, v in metrics.items()}
 
@@ -175,7 +176,7 @@ def run_panel(config, keys, unit, progress, *, num_clients, speed, comm_costs, a
       for s in range(seeds):
         expected = (expected_time(schedules[name][j], num_clients, rounds[s], c)
                     if speed == "fixed" else np.nan)
-        rows += common.round_rows(
+        rows += shared.round_rows(
             name, seed_values[s:s + 1], {k: v[s:s + 1] for k, v in part.items()},
             num_clients=num_clients, speed_model=speed, comm_cost=c,
             target=float(targets[s]), rounds_to_target=float(rounds[s]),

@@ -16,15 +16,15 @@ import dataclasses
 import numpy as np
 
 from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
+from fedjax_rep.recipes import shared
 from fedjax_rep.recipes import srpfl_common as sc
 from fedjax_rep.recipes.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
 class Config(sc.TimedConfig):
-  num_clients: int = common.num_clients(100)
+  num_clients: int = cfg.num_clients(100)
   speed_models: tuple = cfg.choice("client speed models, one row of panels each",
                                    ("fixed", "dynamic"), ("fixed", "dynamic"), sequence=True)
   comm_costs: tuple = cfg.setting((0.0, 10.0, 100.0), cfg.Check(float, low=0.0, sequence=True),
@@ -37,7 +37,7 @@ class Config(sc.TimedConfig):
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  keys = common.seed_keys(config.seed, seeds)
+  keys = shared.seed_keys(config.seed, seeds)
   rows = []
   for speed in config.speed_models:
     rows += sc.run_panel(config, keys, unit, progress, num_clients=config.num_clients,

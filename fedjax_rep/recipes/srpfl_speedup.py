@@ -21,8 +21,8 @@ import numpy as np
 
 from fedjax_rep.hetero import schedule
 from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
+from fedjax_rep.recipes import shared
 from fedjax_rep.recipes import srpfl_common as sc
 from fedjax_rep.recipes.registry import Recipe, register
 
@@ -42,7 +42,7 @@ class Config(sc.TimedConfig):
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  keys = common.seed_keys(config.seed, seeds)
+  keys = shared.seed_keys(config.seed, seeds)
   rows = []
   for n in config.num_clients:
     rows += sc.run_panel(config, keys, unit, progress, num_clients=n,

@@ -1,0 +1,62 @@
+"""The contracts between the round loop, the algorithms and their client data.
+
+An algorithm is a hashable object (a frozen dataclass: its fields are structure, static
+in the compiled program) with pure methods; `hparams` are traced numbers, so a sweep over
+them is a `vmap`. Data are pytrees that carry their own behaviour (what a batch is, how
+many samples a client has, what can be measured on them), so algorithms never ask which
+kind of data they were given.
+"""
+
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+
+Metrics = dict[str, jax.Array]
+
+
+@runtime_checkable
+class ClientData(Protocol):
+  """Per-client data with a leading client axis."""
+
+  @property
+  def num_clients(self) -> int:
+    """n: the number of clients."""
+
+  def sample_counts(self, clients: jax.Array) -> jax.Array:
+    """Real samples [c] (float32) of clients `clients` [c] (their aggregation weights)."""
+
+  def batch(self, key: jax.Array, clients: jax.Array) -> Any:
+    """What clients `clients` [c] train on this round (leading axis c); `key` draws it
+    where the data are sampled afresh."""
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+  """A federated algorithm: `init` and one `round` (see `core.loop`)."""
+  name: str
+
+  def init(self, key: jax.Array, data: ClientData, hparams: Any) -> Any:
+    """The initial state."""
+
+  def round(self, state: Any, key: jax.Array, data: ClientData,
+            hparams: Any) -> tuple[Any, Metrics]:
+    """One round: samples its cohort from `key`; returns (state, scalar metrics)."""
+
+
+@runtime_checkable
+class MaskedAlgorithm(Algorithm, Protocol):
+  """An algorithm whose round can be run on given clients with some of them masked out
+  (static shapes): what the simulated clock (`hetero.timed.Timed`) needs."""
+
+  def masked_round(self, state: Any, key: jax.Array, data: ClientData, hparams: Any,
+                   clients: jax.Array, mask: jax.Array | None = None) -> tuple[Any, Metrics]:
+    """One round of clients `clients` [c] where `mask` [c] (bool; None: all) is True."""
+
+
+@runtime_checkable
+class Evaluated(Protocol):
+  """An algorithm with an evaluation too costly for every round (e.g. test accuracy over
+  all clients): the loop calls it every `eval_every` rounds, between chunks."""
+
+  def evaluate(self, state: Any, data: ClientData, hparams: Any) -> Metrics:
+    """Scalar metrics of `state` on `data`."""

@@ -1,0 +1,1 @@
+"""Federated datasets: loaders, partitioners and padded per-client arrays."""

@@ -1,0 +1,75 @@
+"""Federated classification data: every client's train and test samples, padded to one size.
+
+`ClientDatasets` is the client data of the neural algorithms (see `core.protocols.ClientData`):
+client i's real samples are the first counts[i] rows of x[i] (the rest are zero padding),
+so every client has the same shape and a whole cohort is one array.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+
+@struct.dataclass
+class ClientDatasets:
+  """Padded per-client datasets.
+
+  x [n, m, *features] (float32), y [n, m] (int32 labels), counts [n] (int32 real samples);
+  x_test [n, t, *features], y_test [n, t], test_counts [n] likewise (each client's test
+  samples come from its own label distribution). num_classes is static.
+  """
+  x: jax.Array
+  y: jax.Array
+  counts: jax.Array
+  x_test: jax.Array
+  y_test: jax.Array
+  test_counts: jax.Array
+  num_classes: int = struct.field(pytree_node=False)
+
+  @property
+  def num_clients(self) -> int:
+    return self.x.shape[0]
+
+  @property
+  def samples(self) -> int:
+    """m: the padded number of training samples per client."""
+    return self.x.shape[1]
+
+  def sample_counts(self, clients: jax.Array) -> jax.Array:
+    """Number of real training samples [c] (float32) of clients `clients` [c]."""
+    return self.counts[clients].astype(jnp.float32)
+
+  def batch(self, key: jax.Array, clients: jax.Array):
+    """(x [c, m, ...], y [c, m], counts [c]) of clients `clients` [c]."""
+    del key
+    return self.x[clients], self.y[clients], self.counts[clients]
+
+
+def pad(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], size: int | None = None):
+  """(x [n, size, ...], y [n, size], counts [n]) of clients whose samples are the rows
+  `parts[i]` of x [N, ...], y [N]; padding rows are zero. size defaults to the largest part."""
+  counts = np.array([len(p) for p in parts], np.int32)
+  size = int(counts.max()) if size is None else size
+  if counts.max() > size:
+    raise ValueError(f"a client has {counts.max()} samples, more than size={size}")
+  xs = np.zeros((len(parts), size, *x.shape[1:]), np.float32)
+  ys = np.zeros((len(parts), size), np.int32)
+  for i, p in enumerate(parts):
+    xs[i, :len(p)] = x[p]
+    ys[i, :len(p)] = y[p]
+  return xs, ys, counts
+
+
+def client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes: int,
+                    size: int | None = None, test_size: int | None = None) -> ClientDatasets:
+  """ClientDatasets of client i = rows parts[i] of (x, y) for training and rows test_parts[i]
+  of (x_test, y_test) for testing (numpy arrays; padded to `size` / `test_size`, default
+  the largest client)."""
+  if len(parts) != len(test_parts):
+    raise ValueError(f"{len(parts)} train parts but {len(test_parts)} test parts")
+  xs, ys, counts = pad(np.asarray(x), np.asarray(y), parts, size)
+  xt, yt, test_counts = pad(np.asarray(x_test), np.asarray(y_test), test_parts, test_size)
+  return ClientDatasets(x=jnp.asarray(xs), y=jnp.asarray(ys), counts=jnp.asarray(counts),
+                        x_test=jnp.asarray(xt), y_test=jnp.asarray(yt),
+                        test_counts=jnp.asarray(test_counts), num_classes=num_classes)

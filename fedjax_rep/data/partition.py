@@ -1,0 +1,146 @@
+"""Dataset-independent partitioners: label arrays and a seed in, per-client index lists out.
+
+Every partitioner takes train_labels [N] and test_labels [T] (1-D integer arrays) and returns
+(train_parts, test_parts): two lists of num_clients int64 index arrays into train_labels and
+test_labels. No index is in two clients' parts (within train, and within test), each part is
+in a shuffled order, and everything is a deterministic function of the seed. The classes are
+the distinct values of train_labels; test samples of a class absent from train are left out
+by 'classes' and 'dirichlet'.
+"""
+
+import numpy as np
+
+PARTITIONS = {
+    "classes": "FedRep shards: each client holds classes_per_client classes, each class's "
+               "samples split evenly among its holders",
+    "dirichlet": "each class's samples split over clients by proportions ~ Dir(dirichlet_alpha)",
+    "iid": "a uniformly random split into near-equal parts",
+}
+
+_DIRICHLET_TRIES = 100
+
+
+def _labels(labels, name: str) -> np.ndarray:
+  """labels as a numpy array, checked to be 1-D integers."""
+  labels = np.asarray(labels)
+  if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+    raise ValueError(f"{name} must be a 1-D integer array, got shape {labels.shape} and "
+                     f"dtype {labels.dtype}")
+  return labels
+
+
+def _check(train_labels, test_labels, num_clients: int):
+  """(train_labels, test_labels) checked, with num_clients in [1, N]."""
+  train_labels = _labels(train_labels, "train_labels")
+  test_labels = _labels(test_labels, "test_labels")
+  if not isinstance(num_clients, (int, np.integer)) or not 1 <= num_clients <= len(train_labels):
+    raise ValueError(f"num_clients must be in [1, {len(train_labels)}] (the number of train "
+                     f"samples), got {num_clients}")
+  return train_labels, test_labels
+
+
+def _gather(chunks: list[list[np.ndarray]], rng: np.random.Generator) -> list[np.ndarray]:
+  """Per-client int64 index arrays: client i's chunks[i] concatenated and shuffled."""
+  return [rng.permutation(np.concatenate(c).astype(np.int64)) for c in chunks]
+
+
+def classes(train_labels, test_labels, num_clients: int, classes_per_client: int, seed: int):
+  """FedRep's shard partition: (train_parts, test_parts), each a list of num_clients arrays.
+
+  The clients, in a random order, take classes_per_client consecutive classes each from a
+  random cyclic order of the C classes, so every client has distinct classes and every class
+  has floor or ceil(num_clients * classes_per_client / C) holders. A class's shuffled train
+  samples are split as evenly as possible among its holders (in a random order), and so are
+  its test samples, so each client's test set comes from its own classes.
+  """
+  train_labels, test_labels = _check(train_labels, test_labels, num_clients)
+  names, sizes = np.unique(train_labels, return_counts=True)
+  if (not isinstance(classes_per_client, (int, np.integer))
+      or not 1 <= classes_per_client <= len(names)):
+    raise ValueError(f"classes_per_client must be in [1, {len(names)}] (the number of "
+                     f"classes in train_labels), got {classes_per_client}")
+  rng = np.random.default_rng(seed)
+  slots = (np.arange(num_clients)[:, None] * classes_per_client
+           + np.arange(classes_per_client)) % len(names)
+  held = np.empty((num_clients, classes_per_client), np.int64)
+  held[rng.permutation(num_clients)] = rng.permutation(len(names))[slots]
+  holders = [np.flatnonzero((held == c).any(axis=1)) for c in range(len(names))]
+  for name, size, h in zip(names, sizes, holders):
+    if size < len(h):
+      raise ValueError(f"class {name} has {size} train samples but {len(h)} clients hold it; "
+                       f"use fewer clients or fewer classes_per_client")
+  train = [[] for _ in range(num_clients)]
+  test = [[] for _ in range(num_clients)]
+  for name, h in zip(names, holders):
+    if len(h) == 0:
+      continue
+    h = rng.permutation(h)
+    for parts, labels in ((train, train_labels), (test, test_labels)):
+      idx = rng.permutation(np.flatnonzero(labels == name))
+      for client, chunk in zip(h, np.array_split(idx, len(h))):
+        parts[client].append(chunk)
+  return _gather(train, rng), _gather(test, rng)
+
+
+def dirichlet(train_labels, test_labels, num_clients: int, alpha: float, seed: int,
+              min_samples: int = 2):
+  """Label-skewed partition: (train_parts, test_parts), each a list of num_clients arrays.
+
+  For each class, proportions p [num_clients] ~ Dir(alpha) cut the class's shuffled train
+  samples at the cumulative sums of p; its test samples are cut at the same fractions of the
+  class that the train cut realised (cumulative train counts * T_c // N_c), so a client's test
+  labels follow its train labels and only come from classes it trains on. The proportions
+  are redrawn, at most 100 times, until every client has at least min_samples train samples.
+  """
+  train_labels, test_labels = _check(train_labels, test_labels, num_clients)
+  if not alpha > 0 or not np.isfinite(alpha):
+    raise ValueError(f"dirichlet_alpha must be a finite number > 0, got {alpha}")
+  if not 0 <= min_samples * num_clients <= len(train_labels):
+    raise ValueError(f"min_samples must be in [0, {len(train_labels) // num_clients}] for "
+                     f"{num_clients} clients sharing {len(train_labels)} train samples, got "
+                     f"{min_samples}; use fewer clients")
+  rng = np.random.default_rng(seed)
+  names = np.unique(train_labels)
+  train_idx = [rng.permutation(np.flatnonzero(train_labels == c)) for c in names]
+  test_idx = [rng.permutation(np.flatnonzero(test_labels == c)) for c in names]
+  for _ in range(_DIRICHLET_TRIES):
+    p = rng.dirichlet(np.full(num_clients, float(alpha)), size=len(names))  # [C, num_clients]
+    cuts = [(np.cumsum(pc)[:-1] * len(idx)).astype(np.int64) for pc, idx in zip(p, train_idx)]
+    sizes = sum(np.diff(cut, prepend=0, append=len(idx)) for cut, idx in zip(cuts, train_idx))
+    if sizes.min() >= min_samples:
+      break
+  else:
+    raise ValueError(f"no Dirichlet draw in {_DIRICHLET_TRIES} tries gave each of the "
+                     f"{num_clients} clients at least min_samples={min_samples} train samples "
+                     f"(dirichlet_alpha={alpha}); use fewer clients or a larger alpha")
+  train = [[] for _ in range(num_clients)]
+  test = [[] for _ in range(num_clients)]
+  for cut, tr, te in zip(cuts, train_idx, test_idx):
+    test_cut = cut * len(te) // len(tr)
+    for client, (a, b) in enumerate(zip(np.split(tr, cut), np.split(te, test_cut))):
+      train[client].append(a)
+      test[client].append(b)
+  return _gather(train, rng), _gather(test, rng)
+
+
+def iid(train_labels, test_labels, num_clients: int, seed: int):
+  """Uniform partition: (train_parts, test_parts), a random permutation of the N train (and
+  T test) samples split into num_clients parts whose sizes differ by at most one."""
+  train_labels, test_labels = _check(train_labels, test_labels, num_clients)
+  rng = np.random.default_rng(seed)
+  train = np.array_split(rng.permutation(len(train_labels)).astype(np.int64), num_clients)
+  test = np.array_split(rng.permutation(len(test_labels)).astype(np.int64), num_clients)
+  return train, test
+
+
+def partition(name: str, train_labels, test_labels, *, num_clients: int, seed: int,
+              classes_per_client: int = 2, dirichlet_alpha: float = 0.5):
+  """(train_parts, test_parts) of partitioner `name` (a key of PARTITIONS); each is a list of
+  num_clients int64 index arrays. Arguments are checked before any work is done."""
+  if name not in PARTITIONS:
+    raise ValueError(f"partition must be one of {sorted(PARTITIONS)}, got {name!r}")
+  if name == "classes":
+    return classes(train_labels, test_labels, num_clients, classes_per_client, seed)
+  if name == "dirichlet":
+    return dirichlet(train_labels, test_labels, num_clients, dirichlet_alpha, seed)
+  return iid(train_labels, test_labels, num_clients, seed)

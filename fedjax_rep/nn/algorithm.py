@@ -1,0 +1,166 @@
+"""The neural round: a cohort trains locally (one vmap over client groups), the server
+averages the shared parameters, every client keeps its personal ones.
+
+`Personalized` is the base every neural algorithm derives from. Its structure (static
+fields) is the model, the cohort size, the epochs, the batch size and the client group
+size; its hyperparameters (`NNHparams`) are traced. Subclasses choose
+
+- `labels(flat_params)`: the label tree, which parameters are shared and which personal;
+- `client_update(...)`: a client's local training (default: `local_epochs` of SGD on all
+  its parameters at once);
+- `eval_params(...)`: what a client evaluates with (default: its shared + personal ones).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from flax import struct
+from optax import tree_utils as otu
+
+from fedjax_rep.core import aggregate
+from fedjax_rep.core import cohort as cohort_lib
+from fedjax_rep.core import tree
+from fedjax_rep.nn import params as params_lib
+from fedjax_rep.nn import train
+from fedjax_rep.nn.hparams import NNHparams
+
+
+@struct.dataclass
+class NNState:
+  """shared: flat params kept by the server (once); personal: flat params kept by the
+  clients, each [n, ...] (sampled or not, a client keeps its own across rounds);
+  eval_key: uint32 key data of the randomness of evaluation (fine-tuning shuffles)."""
+  shared: dict
+  personal: dict
+  eval_key: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Personalized:
+  """Base of the neural algorithms (see the module docstring).
+
+  model: a `models.Classifier` (params {'body', 'head'}); cohort: clients per round;
+  local_epochs: epochs of local training (FedRep: of the body); head_epochs: FedRep's head
+  epochs before them; batch_size: minibatch size; client_group: clients trained together
+  in one vmap (the groups run one after another; None: the whole cohort at once).
+  """
+  model: nn.Module
+  cohort: int
+  local_epochs: int = 1
+  head_epochs: int = 0
+  batch_size: int = 10
+  client_group: int | None = 10
+  name: str = "personalized"
+
+  def labels(self, flat: dict) -> dict:
+    """The label tree: FedRep and FedPer share the body and personalise the head."""
+    return params_lib.head_personal(flat)
+
+  # -- model pieces ----------------------------------------------------------------------
+  def logits(self, flat: dict, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    """Logits [b, C] of inputs x [b, ...]; dropout on where `key` is given (training)."""
+    return self.model.apply({"params": params_lib.unflatten(flat)}, x, train=key is not None,
+                            rngs=None if key is None else {"dropout": key})
+
+  def features(self, body: dict, x: jax.Array) -> jax.Array:
+    """The body's output [b, F] (deterministic) of inputs x [b, ...]; body: 'body/...'."""
+    return self.model.apply({"params": params_lib.unflatten(body)}, x,
+                            method=self.model.features)
+
+  def head_logits(self, head: dict, h: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    """Logits [b, C] of the head ('head/...') on features h [b, F]."""
+    return self.model.apply({"params": params_lib.unflatten(head)}, h, train=key is not None,
+                            rngs=None if key is None else {"dropout": key},
+                            method=self.model.logits)
+
+  def loss(self, flat, x, y, weights, key):
+    """Weighted cross-entropy of the whole model (a minibatch loss for `train.sgd_epochs`)."""
+    return train.cross_entropy(self.logits(flat, x, key), y, weights)
+
+  # -- local training ----------------------------------------------------------------------
+  def sgd(self, loss_fn, params, x, y, count, key, hparams, epochs: int):
+    """`train.sgd_epochs` with this algorithm's batch size."""
+    return train.sgd_epochs(loss_fn, params, x, y, count, key, hparams, epochs=epochs,
+                            batch_size=self.batch_size)
+
+  def train_head(self, body: dict, head: dict, x, y, count, key, hparams, epochs: int):
+    """(head, mean loss) after `epochs` of SGD on the head alone. The body is frozen, so
+    its features are computed once (one forward pass, not one per epoch)."""
+    h = self.features(body, x)
+    loss = lambda p, hb, yb, wb, k: train.cross_entropy(self.head_logits(p, hb, k), yb, wb)
+    return self.sgd(loss, head, h, y, count, key, hparams, epochs)
+
+  def client_update(self, shared: dict, personal: dict, x, y, count, key, hparams):
+    """One client's local training: (its new shared params, new personal params, mean
+    loss). `shared` is the server's (unbatched in the cohort's vmap), `personal` the
+    client's; x [m, ...], y [m], count real rows. Default: `local_epochs` of SGD on all
+    parameters at once (FedPer, LG-FedAvg, FedAvg, local only)."""
+    flat = params_lib.merge(shared, personal)
+    trained, loss = self.sgd(self.loss, flat, x, y, count, key, hparams, self.local_epochs)
+    return (*params_lib.split(trained, self.labels(trained)), loss)
+
+  # -- the algorithm ---------------------------------------------------------------------
+  def init(self, key, data, hparams: NNHparams) -> NNState:
+    """The model's initial params (one draw: every client starts from the same model)."""
+    del hparams
+    key_model, key_eval = jax.random.split(key)
+    sample = jnp.zeros((1, *data.x.shape[2:]), jnp.float32)
+    flat = params_lib.flatten(self.model.init(key_model, sample)["params"])
+    shared, personal = params_lib.split(flat, self.labels(flat))
+    personal = jax.tree.map(lambda p: jnp.broadcast_to(p, (data.num_clients, *p.shape)),
+                            personal)
+    return NNState(shared=shared, personal=personal, eval_key=jax.random.key_data(key_eval))
+
+  def round(self, state: NNState, key, data, hparams: NNHparams):
+    key_cohort, key_clients = jax.random.split(key)
+    clients = cohort_lib.sample_cohort(key_cohort, data.num_clients, self.cohort)
+    return self.masked_round(state, key_clients, data, hparams, clients)
+
+  def masked_round(self, state: NNState, key, data, hparams: NNHparams, clients, mask=None):
+    """One round of clients `clients` [c] where `mask` [c] (bool; None: all) is True: they
+    train (client i with key fold_in(key, i)), the server averages their shared params
+    weighted by their sample counts, and they keep their new personal params; masked and
+    unsampled clients keep theirs. Metrics: train_loss (count-weighted mean over the
+    cohort of each client's mean minibatch loss)."""
+    x, y, counts = data.batch(key, clients)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, clients)
+    old_personal = tree.gather(state.personal, clients)
+
+    def client(args):
+      return self.client_update(state.shared, *args, hparams)
+
+    shared, personal, losses = train.client_map(
+        client, (old_personal, x, y, counts, keys), self.client_group)
+    weights = counts.astype(jnp.float32) if mask is None else jnp.where(mask, counts, 0.0)
+    sums, total = aggregate.weighted_sum(shared, weights)
+    shared = otu.tree_where(total > 0, aggregate.mean(sums, total), state.shared)
+    if mask is not None:
+      personal = jax.tree.map(
+          lambda new, old: jnp.where(mask.reshape(-1, *[1] * (new.ndim - 1)), new, old),
+          personal, old_personal)
+    state = state.replace(shared=shared, personal=tree.scatter(state.personal, clients, personal))
+    return state, {"train_loss": aggregate.weighted_mean(losses, weights)}
+
+  def eval_params(self, shared: dict, personal: dict, x, y, count, key, hparams) -> dict:
+    """The flat params a client is tested with (default: shared + its personal ones)."""
+    del x, y, count, key, hparams
+    return params_lib.merge(shared, personal)
+
+  def evaluate(self, state: NNState, data, hparams: NNHparams) -> dict:
+    """Every client's accuracy on its own test set with its own params (`eval_params`):
+    test_accuracy (the mean over clients) and test_accuracy_std (their std)."""
+    clients = jnp.arange(data.num_clients)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+        jax.random.wrap_key_data(state.eval_key), clients)
+
+    def client(args):
+      personal, x, y, count, key, x_test, y_test, test_count = args
+      flat = self.eval_params(state.shared, personal, x, y, count, key, hparams)
+      return train.accuracy(self.logits(flat, x_test), y_test, test_count)
+
+    accuracies = train.client_map(client, (state.personal, data.x, data.y, data.counts, keys,
+                                           data.x_test, data.y_test, data.test_counts),
+                                  self.client_group)
+    return {"test_accuracy": jnp.mean(accuracies), "test_accuracy_std": jnp.std(accuracies)}

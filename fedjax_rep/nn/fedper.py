@@ -1,0 +1,14 @@
+"""FedPer (Arivazhagan et al. 2019): shared body, personal head, trained jointly.
+
+Each sampled client trains body and head together for `local_epochs`; the server
+averages the bodies. The head never leaves the client.
+"""
+
+import dataclasses
+
+from fedjax_rep.nn.algorithm import Personalized
+
+
+@dataclasses.dataclass(frozen=True)
+class FedPer(Personalized):
+  name: str = "fedper"

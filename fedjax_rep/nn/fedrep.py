@@ -1,0 +1,31 @@
+"""FedRep (Collins et al. 2021, Algorithm 1): shared body, personal head.
+
+Each sampled client first trains its head for `head_epochs` with the body frozen (the
+body is the server's, identical for the whole cohort, so its features are computed once
+for all clients as one batch), then the body for `local_epochs` with its new head frozen;
+the server averages the bodies.
+"""
+
+import dataclasses
+
+import jax
+
+from fedjax_rep.nn import train
+from fedjax_rep.nn.algorithm import Personalized
+
+
+@dataclasses.dataclass(frozen=True)
+class FedRep(Personalized):
+  head_epochs: int = 10
+  name: str = "fedrep"
+
+  def client_update(self, shared, personal, x, y, count, key, hparams):
+    key_head, key_body = jax.random.split(key)
+    head, _ = self.train_head(shared, personal, x, y, count, key_head, hparams,
+                              self.head_epochs)
+
+    def body_loss(body, xb, yb, wb, k):
+      return train.cross_entropy(self.head_logits(head, self.features(body, xb), k), yb, wb)
+
+    body, loss = self.sgd(body_loss, shared, x, y, count, key_body, hparams, self.local_epochs)
+    return body, head, loss

@@ -1,0 +1,28 @@
+"""Traced hyperparameters of the neural algorithms (a sweep over them is a vmap)."""
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class NNHparams:
+  """Local SGD of every phase (head, body, joint, fine-tuning): step size `lr`, heavy-ball
+  `momentum` and L2 `weight_decay` (added to the gradient before momentum, as PyTorch's
+  SGD does). Numbers, so the optax transform is built inside the round and nothing
+  recompiles when they change."""
+  lr: jax.Array
+  momentum: jax.Array
+  weight_decay: jax.Array
+
+
+def hparams(lr: float = 0.01, momentum: float = 0.5, weight_decay: float = 1e-4) -> NNHparams:
+  """NNHparams of float32 scalars; defaults of FedRep's code (lr 0.01, momentum 0.5,
+  weight decay 1e-4)."""
+  for name, value, low in (("lr", lr, 0.0), ("momentum", momentum, 0.0),
+                           ("weight_decay", weight_decay, 0.0)):
+    if not (value >= low) or (name == "lr" and value == 0) or (name == "momentum" and value >= 1):
+      raise ValueError(f"{name}={value!r} is out of range: lr must be > 0, momentum in [0, 1), "
+                       f"weight_decay >= 0")
+  return NNHparams(lr=jnp.float32(lr), momentum=jnp.float32(momentum),
+                   weight_decay=jnp.float32(weight_decay))

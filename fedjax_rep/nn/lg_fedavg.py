@@ -1,0 +1,20 @@
+"""LG-FedAvg (Liang et al. 2020): local body, global head, the opposite split of FedRep.
+
+Each sampled client trains all its parameters for `local_epochs`; the server averages
+the last `shared_layers` layers (FedRep's code shares the last two) and every client
+keeps the rest as its own.
+"""
+
+import dataclasses
+
+from fedjax_rep.nn import params as params_lib
+from fedjax_rep.nn.algorithm import Personalized
+
+
+@dataclasses.dataclass(frozen=True)
+class LGFedAvg(Personalized):
+  shared_layers: int = 2
+  name: str = "lg-fedavg"
+
+  def labels(self, flat):
+    return params_lib.last_layers_shared(self.shared_layers)(flat)

@@ -1,0 +1,97 @@
+"""Local training of one client: epochs of minibatch SGD (optax) over its padded dataset.
+
+A client's dataset is padded to m rows, of which the first `count` are real. Each epoch
+draws a shuffle of the real rows (from the client's own key, `fold_in(round_key,
+client_id)`, folded with the epoch), cuts it into ceil(m / batch_size) minibatches, and
+masks what lies past the client's data: padding rows weigh 0 in the loss (a minibatch's
+loss is the mean over its real rows) and a step with no real row leaves the parameters
+and the optimiser state unchanged. So a client trains exactly as it would alone on its
+unpadded data, whatever the padding, and all clients of a cohort run as one `vmap`.
+"""
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from optax import tree_utils as otu
+
+from fedjax_rep.nn.hparams import NNHparams
+
+
+def optimizer(hparams: NNHparams) -> optax.GradientTransformation:
+  """SGD with weight decay added to the gradient, then heavy-ball momentum (PyTorch's SGD).
+  Built from traced numbers inside the round, so it never becomes a static argument."""
+  return optax.chain(optax.add_decayed_weights(hparams.weight_decay),
+                     optax.sgd(hparams.lr, momentum=hparams.momentum))
+
+
+def epoch_order(key: jax.Array, count: jax.Array, size: int) -> jax.Array:
+  """Indices [size] of one epoch: a uniform shuffle of range(count) (the real rows), then
+  the padding rows count..size-1 in order."""
+  scores = jnp.where(jnp.arange(size) < count, jax.random.uniform(key, (size,)), 2.0)
+  return jnp.argsort(scores)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
+  """sum_j weights_j CE(logits_j, labels_j) / sum_j weights_j (0 when all weights are 0)."""
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  return jnp.sum(weights * losses) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def sgd_epochs(loss_fn: Callable, params, x: jax.Array, y: jax.Array, count: jax.Array,
+               key: jax.Array, hparams: NNHparams, *, epochs: int, batch_size: int):
+  """`epochs` epochs of minibatch SGD on one client's data; returns (params, mean loss).
+
+  loss_fn(params, x_batch [b, ...], y_batch [b], weights [b], key) -> the weighted mean
+  loss of a minibatch (weights: 1 for real rows, 0 for padding); `key` is the step's key
+  (dropout). x [m, ...], y [m] with `count` real rows. The optimiser state starts afresh
+  at every call (as a client's optimiser is created each round in FedRep's code). The mean
+  loss is over the steps that have real rows (0 with no epochs).
+  """
+  size = x.shape[0]
+  steps = math.ceil(size / batch_size)
+  tx = optimizer(hparams)
+  grad_fn = jax.value_and_grad(loss_fn)
+
+  def epoch(carry, epoch_key):
+    key_order, key_steps = jax.random.split(epoch_key)
+    order = jnp.pad(epoch_order(key_order, count, size), (0, steps * batch_size - size))
+
+    def step(carry, inputs):
+      params, opt_state, total = carry
+      start, step_key = inputs
+      rows = jax.lax.dynamic_slice_in_dim(order, start, batch_size)
+      weights = ((start + jnp.arange(batch_size)) < count).astype(jnp.float32)
+      loss, grads = grad_fn(params, x[rows], y[rows], weights, step_key)
+      updates, new_opt_state = tx.update(grads, opt_state, params)
+      real = start < count
+      params, opt_state = otu.tree_where(real, (optax.apply_updates(params, updates),
+                                                new_opt_state), (params, opt_state))
+      return (params, opt_state, total + jnp.where(real, loss, 0.0)), None
+
+    starts = jnp.arange(steps) * batch_size
+    return jax.lax.scan(step, carry, (starts, jax.random.split(key_steps, steps)))[0], None
+
+  carry = (params, tx.init(params), jnp.float32(0.0))
+  params, _, total = jax.lax.scan(epoch, carry, jax.random.split(key, epochs))[0]
+  real_steps = epochs * jnp.ceil(count / batch_size)
+  return params, total / jnp.maximum(real_steps, 1.0)
+
+
+def accuracy(logits: jax.Array, labels: jax.Array, count: jax.Array) -> jax.Array:
+  """Fraction of the first `count` rows of logits [t, C] whose argmax is the label [t]."""
+  real = jnp.arange(labels.shape[0]) < count
+  hits = (jnp.argmax(logits, axis=-1) == labels) & real
+  return jnp.sum(hits) / jnp.maximum(count, 1)
+
+
+def client_map(fn: Callable, per_client, group: int | None):
+  """fn applied to every client of `per_client` (a pytree with leading axis c): `vmap` over
+  groups of `group` clients, the groups one after another (`lax.map` with batch_size), so
+  XLA's temporaries are those of one group. group=None: one vmap over all c. Arguments
+  shared by all clients are closed over by `fn` (unbatched: e.g. the frozen body)."""
+  if group is None:
+    return jax.vmap(fn)(per_client)
+  return jax.lax.map(fn, per_client, batch_size=group)

@@ -1,0 +1,129 @@
+"""What the neural recipes share: configuration fields, data for every seed, runs of an
+algorithm over all seeds as one program, and their metrics.csv rows and summary."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_rep.core import loop
+from fedjax_rep.core.cohort import cohort_size
+from fedjax_rep.data import partition as partition_lib
+from fedjax_rep.nn import hparams as hparams_lib
+from fedjax_rep.nn import registry as nn_registry
+from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import shared
+
+ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local")
+LAST_EVALUATIONS = 10  # the papers' accuracy: the mean over the last 10 evaluations
+
+
+def partition(default="classes"):
+  return cfg.choice("how samples are split over clients: S classes each, Dirichlet label "
+                    "proportions, or iid", default, tuple(partition_lib.PARTITIONS))
+
+
+def classes_per_client(default):
+  return cfg.positive_int("classes per client S (partition=classes)", default)
+
+
+def dirichlet_alpha(default=0.5):
+  return cfg.positive_float("concentration alpha of the Dirichlet label proportions "
+                            "(partition=dirichlet)", default)
+
+
+def local_epochs(default=1):
+  return cfg.positive_int("local epochs per round (FedRep: of the body)", default)
+
+
+def head_epochs(default=10):
+  return cfg.positive_int("FedRep's head epochs per round, before the body epochs; also "
+                          "FedAvg-FT's fine-tuning epochs", default)
+
+
+def batch_size(default=10):
+  return cfg.positive_int("minibatch size of local SGD", default)
+
+
+def momentum(default=0.5):
+  return cfg.setting(default, cfg.Check(float, low=0.0, high=1.0, open_high=True),
+                     "heavy-ball momentum of local SGD")
+
+
+def weight_decay(default=1e-4):
+  return cfg.nonnegative_float("L2 weight decay of local SGD", default)
+
+
+def eval_every(default=5):
+  return cfg.positive_int("evaluate test accuracy every this many rounds (and after the "
+                          "last)", default)
+
+
+def client_group(default=10):
+  return cfg.positive_int("clients trained together in one vmap (groups run one after "
+                          "another: memory vs speed)", default)
+
+
+def algorithms(default=ALGORITHMS):
+  return cfg.choice("algorithms to compare", default, ALGORITHMS, sequence=True)
+
+
+def hparams(config) -> hparams_lib.NNHparams:
+  return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay)
+
+
+def seed_datasets(make_data, seed_values):
+  """make_data(seed, size, test_size) -> ClientDatasets for every seed, padded to one
+  shape and stacked along a leading seed axis."""
+  datasets = [make_data(s, None, None) for s in seed_values]
+  size = max(d.samples for d in datasets)
+  test_size = max(d.x_test.shape[1] for d in datasets)
+  return shared.concatenate([jax.tree.map(lambda a: a[None], make_data(s, size, test_size))
+                             for s in seed_values])
+
+
+def trained(unit, name, config, model, data, seed_values, progress):
+  """Cached unit NAME: algorithm `name` on every seed as one vmapped run; metrics
+  [seeds, rounds], eval_rounds [E] and eval metrics [seeds, E]."""
+  algorithm = nn_registry.make_algorithm(
+      name, model=model, cohort=cohort_size(config.num_clients, config.participation),
+      local_epochs=config.local_epochs, head_epochs=config.head_epochs,
+      batch_size=config.batch_size, client_group=config.client_group,
+      ft_epochs=config.head_epochs)
+  keys = jnp.stack([jax.random.fold_in(jax.random.key(s), 1) for s in seed_values])
+
+  def compute():
+    result = loop.run(algorithm, data, hparams(config), keys, config.rounds,
+                      eval_every=config.eval_every, sweep_axes=(0, None, 0),
+                      progress=progress, desc=name)
+    return {"metrics": result.metrics, "eval_rounds": result.eval_rounds,
+            "eval": result.eval_metrics}
+
+  return unit(name, compute)
+
+
+def rows(name, seed_values, result, **columns):
+  """metrics.csv rows of one algorithm: every round has train_loss; the evaluated rounds
+  also test_accuracy and test_accuracy_std."""
+  out = shared.round_rows(name, seed_values, result["metrics"], **columns)
+  rounds = result["metrics"]["train_loss"].shape[1]
+  for e, t in enumerate(np.asarray(result["eval_rounds"])):
+    for s in range(len(seed_values)):
+      row = out[s * rounds + int(t) - 1]
+      row.update({k: float(v[s, e]) for k, v in result["eval"].items()})
+  return out
+
+
+def summary(metrics_rows, algorithms_order, last=LAST_EVALUATIONS):
+  """Per algorithm: the mean over seeds (and its std) of each seed's mean test accuracy
+  over its last `last` evaluations, as the papers report."""
+  table = []
+  for name in algorithms_order:
+    per_seed = {}
+    for r in metrics_rows:
+      if r["algorithm"] == name and r.get("test_accuracy") is not None:
+        per_seed.setdefault(r["seed"], []).append((r["round"], r["test_accuracy"]))
+    finals = [np.mean([a for _, a in sorted(v)[-last:]]) for v in per_seed.values()]
+    table.append({"algorithm": name, "test_accuracy": float(np.mean(finals)),
+                  "test_accuracy_std_over_seeds": float(np.std(finals)),
+                  "seeds": len(finals), "last_evaluations": last})
+  return table

@@ -1,0 +1,58 @@
+"""What every recipe shares, linear or neural: seeds, sweeps run as one program, cached
+units of work and metrics.csv rows."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_rep.core import loop
+
+
+def concatenate(trees):
+  """Leafwise concatenation along the leading axis, on the host (small trees; no eager
+  device ops, so nothing compiles)."""
+  return jax.tree.map(lambda *x: np.concatenate([np.asarray(v) for v in x]), *trees)
+
+
+def seed_keys(first_seed: int, seeds: int) -> jax.Array:
+  """Keys [seeds, 3] (problem, data, run) of seeds first_seed, first_seed + 1, ..."""
+  return jax.vmap(lambda s: jax.random.split(jax.random.key(s), 3))(
+      jnp.arange(first_seed, first_seed + seeds))
+
+
+def run_seeds(algorithm, data, hparams, keys, num_rounds, progress=True, desc=None,
+              hparams_axis=None):
+  """Runs `algorithm` on every seed at once (one vmapped program); data has a seed axis
+  (a leading sweep axis of runs), and so do hparams where hparams_axis=0."""
+  return loop.run(algorithm, data, hparams, keys[:, 2], num_rounds,
+                  sweep_axes=(0, hparams_axis, 0), progress=progress, desc=desc)
+
+
+def trained(unit, algorithm, data, hparams, keys, num_rounds, progress, keep=("B",)):
+  """Cached unit '<name>-train': metrics [seeds, rounds] of `run_seeds`, plus the final
+  state's fields `keep` ([seeds, ...]) under their own names."""
+
+  def compute():
+    result = run_seeds(algorithm, data, hparams, keys, num_rounds, progress, desc=algorithm.name)
+    return {**result.metrics, **{k: np.asarray(getattr(result.state, k)) for k in keep}}
+
+  return unit(f"{algorithm.name}-train", compute)
+
+
+def round_rows(algorithm: str, seeds: list[int], metrics: dict[str, np.ndarray], **columns):
+  """Rows (algorithm, seed, round, **columns, metrics) of metrics [seeds, rounds].
+
+  With a `diverged` metric (0/1 per round, from the loop) every row also gets
+  `diverged_round`: the first round at which its run diverged, 0 if it never did.
+  """
+  rows = []
+  num_rounds = next(iter(metrics.values())).shape[1]
+  for s, seed_value in enumerate(seeds):
+    extra = {}
+    if "diverged" in metrics:
+      flags = metrics["diverged"][s] > 0
+      extra["diverged_round"] = int(np.argmax(flags)) + 1 if flags.any() else 0
+    for t in range(num_rounds):
+      rows.append({"algorithm": algorithm, "seed": seed_value, "round": t + 1, **columns,
+                   **extra, **{name: float(v[s, t]) for name, v in metrics.items()}})
+  return rows

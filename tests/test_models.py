@@ -1,0 +1,193 @@
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_rep.nn.conv import Conv, max_pool2, resolve_impl
+from fedjax_rep.nn.models import MODELS, init_params, make_model
+
+RTOL, ATOL = 1e-5, 1e-5
+
+INPUTS = {
+    "cifar10-cnn": (32, 32, 3),
+    "cifar100-cnn": (32, 32, 3),
+    "mlp": (28, 28, 1),
+    "digits-mlp": (8, 8, 1),
+    "digits-cnn": (8, 8, 1),
+}
+NUM_CLASSES = {"cifar10-cnn": 10, "cifar100-cnn": 100, "mlp": 10, "digits-mlp": 10,
+               "digits-cnn": 10}
+BODY_LAYERS = {
+    "cifar10-cnn": ["conv1", "conv2", "fc1", "fc2"],
+    "cifar100-cnn": ["conv1", "conv2", "fc1", "fc2"],
+    "mlp": ["fc1", "fc2", "fc3"],
+    "digits-mlp": ["fc1", "fc2"],
+    "digits-cnn": ["conv1", "fc1"],
+}
+
+
+@pytest.fixture(autouse=True)
+def _full_precision():
+  """float32 dots and convs everywhere (GPUs may default to TF32, far from rtol 1e-5)."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
+def _close(a, b):
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL)
+
+
+def _normal(seed, shape):
+  """Standard normal float32 test data (numpy: no per-op XLA compiles)."""
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _conv_params(seed, kh, kw, cin, cout):
+  return {"kernel": _normal(seed, (kh, kw, cin, cout)) / np.sqrt(kh * kw * cin),
+          "bias": _normal(seed + 1, (cout,))}
+
+
+def _conv_value_and_grads(impl, kernel_size, cot):
+  """Jitted (output, (d/dparams, d/dx) of <output, cot>) of a 6-feature Conv."""
+  conv = Conv(6, kernel_size, impl)
+
+  def f(p, x):
+    y, vjp = jax.vjp(lambda p, x: conv.apply({"params": p}, x), p, x)
+    return y, vjp(cot)
+  return jax.jit(f)
+
+
+@pytest.mark.parametrize("batch,kernel_size", [((4,), (5, 5)), ((2, 3), (3, 2)), ((), (3, 3))])
+def test_im2col_matches_xla(batch, kernel_size):
+  x = _normal(0, (*batch, 9, 8, 3))
+  params = _conv_params(1, *kernel_size, 3, 6)
+  cot = _normal(3, (*batch, 10 - kernel_size[0], 9 - kernel_size[1], 6))
+  y, grads = _conv_value_and_grads("im2col", kernel_size, cot)(params, x)
+  assert y.shape == cot.shape
+  jax.tree.map(_close, (y, grads), _conv_value_and_grads("xla", kernel_size, cot)(params, x))
+
+
+def test_im2col_matches_xla_vmapped_over_client_kernels():
+  clients = 3
+  x = _normal(0, (clients, 5, 10, 10, 2))
+  params = jax.tree.map(lambda *a: np.stack(a),
+                        *[_conv_params(2 * c + 1, 5, 5, 2, 4) for c in range(clients)])
+
+  def per_client(impl):
+    def loss(p, x):
+      return jnp.sum(jnp.sin(Conv(4, (5, 5), impl).apply({"params": p}, x)))
+    return jax.jit(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1))))
+
+  jax.tree.map(_close, per_client("im2col")(params, x), per_client("xla")(params, x))
+
+
+def test_conv_params_and_impls():
+  p = jax.eval_shape(Conv(7, (3, 3)).init, jax.random.key(0), jnp.zeros((1, 6, 6, 2)))["params"]
+  assert jax.tree.map(jnp.shape, p) == {"kernel": (3, 3, 2, 7), "bias": (7,)}
+  assert resolve_impl("auto") == ("xla" if jax.default_backend() in ("gpu", "tpu")
+                                  else "im2col")
+  with pytest.raises(ValueError, match="impl"):
+    resolve_impl("fft")
+
+
+def test_max_pool2_matches_flax():
+  x = _normal(0, (3, 8, 6, 5))
+
+  @jax.jit
+  def value_and_grad(x):
+    return [jax.value_and_grad(lambda x: jnp.sum(jnp.cos(pool(x))))(x)
+            for pool in (max_pool2, lambda x: nn.max_pool(x, (2, 2), strides=(2, 2)))]
+
+  jax.tree.map(_close, *value_and_grad(x))
+  _close(jax.jit(max_pool2)(x), nn.max_pool(x, (2, 2), strides=(2, 2)))
+  assert jax.eval_shape(max_pool2, jnp.zeros((2, 4, 8, 6, 5))).shape == (2, 4, 4, 3, 5)
+  with pytest.raises(ValueError, match="even"):
+    max_pool2(jnp.zeros((1, 5, 4, 1)))
+
+
+def test_registry():
+  assert set(MODELS) == set(INPUTS)
+  with pytest.raises(ValueError, match="cifar10-cnn"):
+    make_model("resnet", 10)
+  model = make_model("mlp", 62)
+  p = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 28, 28, 1)))["params"]
+  assert p["head"]["kernel"].shape == (64, 62)
+
+
+def _random_params(model, input_shape):
+  """Params of init_params' shapes, drawn in numpy with fan-in scaling (compiling the
+  truncated-normal init of every model would dominate this file's time)."""
+  shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, *input_shape)))
+  return jax.tree.map(lambda s: _normal(0, s.shape) / np.sqrt(np.prod(s.shape[:-1] or [1])),
+                      shapes["params"])
+
+
+def test_init_params():
+  model = make_model("digits-cnn")
+  params = init_params(model, jax.random.key(0), (8, 8, 1))
+  assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape,
+                                                         _random_params(model, (8, 8, 1)))
+  assert not np.any(params["head"]["bias"]) and np.std(params["body"]["fc1"]["kernel"]) > 0
+
+
+@pytest.fixture(scope="module", params=list(INPUTS))
+def model_and_params(request):
+  name = request.param
+  model = make_model(name)
+  return name, model, _random_params(model, INPUTS[name])
+
+
+def test_param_structure(model_and_params):
+  name, model, params = model_and_params
+  assert set(params) == {"body", "head"}
+  assert set(params["head"]) == {"kernel", "bias"}
+  assert sorted(params["body"]) == BODY_LAYERS[name]
+  assert params["head"]["bias"].shape == (NUM_CLASSES[name],)
+  expected = {
+      "cifar10-cnn": {"conv1": (5, 5, 3, 64), "conv2": (5, 5, 64, 64), "fc1": (1600, 120),
+                      "fc2": (120, 64)},
+      "cifar100-cnn": {"conv1": (5, 5, 3, 64), "conv2": (5, 5, 64, 128), "fc1": (3200, 256),
+                       "fc2": (256, 128)},
+      "mlp": {"fc1": (784, 512), "fc2": (512, 256), "fc3": (256, 64)},
+      "digits-cnn": {"conv1": (3, 3, 1, 16), "fc1": (144, 64)},
+  }.get(name)
+  if expected is not None:
+    assert {k: v["kernel"].shape for k, v in params["body"].items()} == expected
+  last = BODY_LAYERS[name][-1]
+  assert params["head"]["kernel"].shape == (params["body"][last]["bias"].shape[0],
+                                            NUM_CLASSES[name])
+
+
+def test_features_logits_and_dropout(model_and_params):
+  name, model, params = model_and_params
+  x = _normal(0, (2, 3, *INPUTS[name]))
+  rngs = {"dropout": jax.random.key(4)}
+
+  @jax.jit
+  def outputs(params, x):
+    variables = {"params": params}
+    h = model.apply(variables, x, method=model.features)
+    return (model.apply(variables, x), h, model.apply(variables, h, method=model.logits),
+            model.apply(variables, x, train=True, rngs=rngs),
+            model.apply(variables, h, train=True, method=model.logits, rngs=rngs))
+
+  logits, h, head_logits, trained, head_trained = outputs(params, x)
+  width = params["head"]["kernel"].shape[0]
+  assert logits.shape == (2, 3, NUM_CLASSES[name]) and h.shape == (2, 3, width)
+  _close(head_logits, logits)
+  _close(head_trained, trained)
+  if model.dropout > 0:
+    assert not np.allclose(trained, logits)
+  else:
+    _close(trained, logits)
+
+
+def test_conv_impls_agree_in_model():
+  x = _normal(0, (4, 8, 8, 1))
+  y = _normal(1, (4, 10))
+  models = [make_model("digits-cnn", conv_impl=impl) for impl in ("im2col", "xla")]
+  params = _random_params(models[0], (8, 8, 1))
+  grads = [jax.jit(jax.grad(lambda p: jnp.sum(m.apply({"params": p}, x) * y)))(params)
+           for m in models]
+  jax.tree.map(_close, *grads)
