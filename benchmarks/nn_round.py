@@ -182,13 +182,15 @@ def check(model, input_shape, samples, hparams):
 
 
 def best_seconds(fn, calls):
-  """Best wall time of `calls` calls of fn() (each waits for its result); all the times."""
+  """(wall seconds, process CPU seconds) of the fastest (by wall time) of `calls` calls of
+  fn() (each waits for its result), and the wall times of all the calls."""
   times = []
   for _ in range(calls):
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     fn()
-    times.append(time.perf_counter() - start)
-  return min(times), times
+    times.append((time.perf_counter() - start, time.process_time() - start_cpu))
+  wall, cpu = min(times)
+  return wall, cpu, [t[0] for t in times]
 
 
 def matmul_gflops(repeats=5):
@@ -219,12 +221,13 @@ def load():
 
 def row(name, implementation, group, impl, calls, examples, flops_per_example, matmul):
   """Times `impl` (best of `calls`) and returns its table row."""
-  seconds, times = best_seconds(impl, calls)
+  seconds, cpu_seconds, times = best_seconds(impl, calls)
   gflops = examples * flops_per_example / seconds / 1e9
   return {"model": name, "implementation": implementation, "group": group,
           "clients": len(impl.clients) if implementation == "loop" else impl.alg.cohort,
           "compile_seconds": impl.compile_s, "seconds_per_round": seconds,
-          "seconds_all": times, "examples_per_second": examples / seconds, "gflops": gflops,
+          "seconds_all": times, "cpu_seconds_per_round": cpu_seconds,
+          "examples_per_second": examples / seconds, "gflops": gflops,
           "fraction_of_matmul": gflops / matmul, "load1": load()}
 
 
@@ -287,8 +290,8 @@ def machine_info():
 def format_table(rows):
   """The results as a fixed-width text table; '*' marks each model's fastest group."""
   header = (f"{'model':>5} {'impl':>5} {'group':>6} {'clients':>7} {'compile s':>9} "
-            f"{'s/round':>8} {'examples/s':>10} {'GFLOP/s':>8} {'of matmul':>9} "
-            f"{'x loop':>6} {'load':>5}")
+            f"{'s/round':>8} {'cpu s':>7} {'examples/s':>10} {'GFLOP/s':>8} {'of matmul':>9} "
+            f"{'x loop':>6} {'x cpu':>6} {'load':>5}")
   lines = [header, "-" * len(header)]
   for r in rows:
     loop = next(q for q in rows if q["model"] == r["model"] and q["implementation"] == "loop")
@@ -296,9 +299,11 @@ def format_table(rows):
     lines.append(
         f"{r['model']:>5} {r['implementation']:>5} {group:>6} {r['clients']:>7} "
         f"{r['compile_seconds']:>9.1f} {r['seconds_per_round']:>8.2f} "
+        f"{r['cpu_seconds_per_round']:>7.2f} "
         f"{r['examples_per_second']:>10.0f} {r['gflops']:>8.1f} "
         f"{r['fraction_of_matmul']:>9.1%} "
-        f"{loop['seconds_per_round'] / r['seconds_per_round']:>6.2f} {r['load1']:>5.2f}")
+        f"{loop['seconds_per_round'] / r['seconds_per_round']:>6.2f} "
+        f"{loop['cpu_seconds_per_round'] / r['cpu_seconds_per_round']:>6.2f} {r['load1']:>5.2f}")
   return "\n".join(lines)
 
 
@@ -349,7 +354,9 @@ def main():
     best = next(r for r in rows if r["model"] == name and r["best"])
     print(f"{name}: vmap (group {best['group']}) vs loop: {best['seconds_per_round']:.2f} s vs "
           f"{loop['seconds_per_round']:.2f} s per round, vmap is "
-          f"{loop['seconds_per_round'] / best['seconds_per_round']:.2f}x the loop's speed")
+          f"{loop['seconds_per_round'] / best['seconds_per_round']:.2f}x the loop's speed "
+          f"({loop['cpu_seconds_per_round'] / best['cpu_seconds_per_round']:.2f}x in CPU "
+          f"seconds: {best['cpu_seconds_per_round']:.2f} vs {loop['cpu_seconds_per_round']:.2f})")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=1)

@@ -1,6 +1,8 @@
 """The `fedjax-rep` command: `list` recipes and algorithms, `run` a recipe."""
 
 import argparse
+import csv
+import os
 import sys
 
 DEFAULT_RECIPE = "fedrep-fig3"
@@ -54,7 +56,15 @@ def main(argv=None) -> int:
   except (cfg.ConfigError, FileExistsError) as error:
     print(f"fedjax-rep: error: {error}", file=sys.stderr)
     return 2
-  print(f"wrote {out}/metrics.csv, config.json, {args.recipe}.png")
+  summary = os.path.join(out, "summary.csv")
+  if os.path.exists(summary):
+    with open(summary) as f:
+      table = list(csv.reader(f))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+      print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+  print(f"wrote {out}/metrics.csv, config.json, {args.recipe}.png"
+        + (", summary.csv" if os.path.exists(summary) else ""))
   return 0
 
 

@@ -114,7 +114,7 @@ def sgd_epochs(params: dict, trainable: list[str], x, y, count: int, key, hp, ep
     for start in range(0, math.ceil(size / batch_size) * batch_size, batch_size):
       rows = [order[j] for j in range(start, min(start + batch_size, count))]
       if not rows:
-        rows = []
+        continue
       loss, grads = loss_and_grads(params, x[rows], y[rows])
       losses.append(loss)
       for p in trainable:
@@ -168,48 +168,62 @@ def masked_round(name: str, shared: dict, personal: list[dict], key, data, hp, c
   """One round: (shared, personal, train_loss). shared: the server's params {name: array};
   personal: client i's own params personal[i] {name: array}; data: numpy x [n, m, ...],
   y [n, m], counts [n] (attributes). Clients `clients` with mask True train from shared +
-  their personal params (key fold_in(key, i)); the server's new shared params are the
-  count-weighted mean of theirs (unchanged if none trained); they keep their new personal
-  ones, every other client keeps its own. train_loss: the count-weighted mean of the
-  trained clients' mean losses (0 if none)."""
+  their personal params (key fold_in(key, i)). The params `shared_names(name)` become the
+  count-weighted mean of theirs (the server's, unchanged if none trained), the trained
+  clients keep the rest as their personal params, every other client keeps its own.
+  train_loss: the count-weighted mean of the trained clients' mean losses (0 if none)."""
   mask = [True] * len(clients) if mask is None else list(mask)
-  personal = [dict(p) for p in personal]
-  sums = {p: np.zeros_like(np.asarray(v, np.float64)) for p, v in shared.items()}
+  params = {**shared, **personal[0]}
+  averaged = shared_names(name, params)
+  sums = {p: np.zeros_like(np.asarray(params[p], np.float64)) for p in averaged}
   total, loss_sum = 0.0, 0.0
+  new_personal = [dict(p) for p in personal]
   for i, trains in zip(clients, mask):
     i = int(i)
     if not trains:
       continue
     count = int(data.counts[i])
-    params = {**shared, **personal[i]}
-    trained, loss = client_update(name, params, np.asarray(data.x[i], np.float64),
-                                  np.asarray(data.y[i]), count, jax.random.fold_in(key, i),
-                                  hp, local_epochs=local_epochs, head_epochs=head_epochs,
+    trained, loss = client_update(name, {**shared, **personal[i]},
+                                  np.asarray(data.x[i], np.float64), np.asarray(data.y[i]),
+                                  count, jax.random.fold_in(key, i), hp,
+                                  local_epochs=local_epochs, head_epochs=head_epochs,
                                   batch_size=batch_size)
-    for p in shared:
+    for p in averaged:
       sums[p] += count * trained[p]
-    personal[i] = {p: trained[p] for p in personal[i]}
+    new_personal[i] = {p: v for p, v in trained.items() if p not in averaged}
     total += count
     loss_sum += count * loss
   if total > 0:
-    shared = {p: s / total for p, s in sums.items()}
-  return shared, personal, (loss_sum / total if total > 0 else 0.0)
+    new_shared = {p: s / total for p, s in sums.items()}
+  else:
+    new_shared = {p: np.asarray(shared[p], np.float64) for p in averaged}
+  return new_shared, new_personal, (loss_sum / total if total > 0 else 0.0)
+
+
+def eval_params(shared: dict, personal: dict, data, i: int, hp=None, *, ft_epochs: int = 0,
+                eval_key=None, batch_size: int = 10) -> dict:
+  """The params client i is tested with: shared + its personal ones; with ft_epochs > 0
+  (FedAvg-FT) after fine-tuning the head (body frozen) for ft_epochs on its train data with
+  key fold_in(wrap_key_data(eval_key), i)."""
+  params = {**shared, **personal}
+  if not ft_epochs:
+    return params
+  key = jax.random.fold_in(jax.random.wrap_key_data(jnp.asarray(eval_key)), i)
+  params, _ = sgd_epochs(params, head_names(params), np.asarray(data.x[i], np.float64),
+                         np.asarray(data.y[i]), int(data.counts[i]), key, hp, ft_epochs,
+                         batch_size)
+  return params
 
 
 def evaluate(shared: dict, personal: list[dict], data, hp=None, *, ft_epochs: int = 0,
              eval_key=None, batch_size: int = 10) -> dict:
   """test_accuracy (the mean over clients) and test_accuracy_std (their std, ddof 0) of
-  every client's accuracy on its first test_counts[i] test rows with shared + its personal
-  params. ft_epochs > 0 (FedAvg-FT): the client first fine-tunes the head (body frozen) for
-  ft_epochs on its train data with key fold_in(wrap_key_data(eval_key), i)."""
+  every client's accuracy on its first test_counts[i] test rows (0 with none) with its
+  `eval_params`."""
   accuracies = []
   for i in range(len(personal)):
-    params = {**shared, **personal[i]}
-    if ft_epochs:
-      key = jax.random.fold_in(jax.random.wrap_key_data(jnp.asarray(eval_key)), i)
-      params, _ = sgd_epochs(params, head_names(params), np.asarray(data.x[i], np.float64),
-                             np.asarray(data.y[i]), int(data.counts[i]), key, hp, ft_epochs,
-                             batch_size)
+    params = eval_params(shared, personal[i], data, i, hp, ft_epochs=ft_epochs,
+                         eval_key=eval_key, batch_size=batch_size)
     t = int(data.test_counts[i])
     accuracies.append(accuracy(params, np.asarray(data.x_test[i][:t], np.float64),
                                np.asarray(data.y_test[i][:t])) if t else 0.0)

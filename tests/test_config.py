@@ -32,6 +32,21 @@ def test_bad_settings_fail_before_any_compilation(item, pattern, compiles):
   assert compiles.count == 0
 
 
+@pytest.mark.parametrize("item,pattern", [
+    ("classes_per_client=11", r"classes_per_client must be in \[1, 10\]"),
+    ("partition=shards", r"partition='shards' is out of range.*one of classes, dirichlet, iid"),
+    ("momentum=1", r"momentum=1.0 is out of range.*\[0, 1\)"),
+    ("num_clients=5000", r"num_clients must be in \[1, 1347\]"),
+    ("dirichlet_alpha=0", r"dirichlet_alpha=0.0 is out of range"),
+    ("algorithms=fedrep,scaffold", r"algorithms='scaffold' is out of range.*fedrep, fedper"),
+    ("batch_size=0", r"batch_size=0 is out of range"),
+])
+def test_bad_neural_settings_fail_before_any_compilation(item, pattern, compiles):
+  with pytest.raises(fr.ConfigError, match=pattern):
+    fr.resolve("digits-personalized", overrides=[item])
+  assert compiles.count == 0
+
+
 def test_cli_reports_bad_input_and_exits_2(capsys, tmp_path, compiles):
   assert cli.main(["run", "fedrep-fig3", "--set", "rep_dim=20", "--out", str(tmp_path)]) == 2
   assert "rep_dim=20 is out of range" in capsys.readouterr().err
@@ -55,6 +70,12 @@ def test_list(capsys):
   for name in ("fedrep-fig1", "fedrep-fig3", "fedrep-fig4", "fedavg-ft-fig1", "fedavg-ft-fig3",
                "fedrep", "gd-gd", "10gd-gd", "fedavg", "fedavg-tau2", "d-gd", "local"):
     assert f"  {name} " in out
+  recipes, rest = out.split("linear algorithms:")
+  linear, neural = rest.split("neural algorithms:")
+  assert "  digits-personalized " in recipes
+  assert "  flute " in linear and "  local " not in linear  # local only is no round algorithm
+  for name in ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local"):
+    assert f"  {name} " in neural
 
 
 def test_run_writes_outputs_and_resumes(tmp_path, monkeypatch):
@@ -77,8 +98,8 @@ def test_run_writes_outputs_and_resumes(tmp_path, monkeypatch):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
   # Resume: every unit is on disk, so a second run computes nothing.
-  from fedjax_rep.recipes import linear_common
-  monkeypatch.setattr(linear_common, "run_seeds", lambda *a, **k: pytest.fail("recomputed"))
+  from fedjax_rep.recipes import shared
+  monkeypatch.setattr(shared, "run_seeds", lambda *a, **k: pytest.fail("recomputed"))
   assert cli.main(args) == 0
   with open(os.path.join(out, "metrics.csv")) as f:
     assert list(csv.DictReader(f)) == rows

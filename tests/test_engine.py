@@ -99,3 +99,24 @@ def test_client_data_checks_shapes():
     fr.client_data(np.zeros((3, 4)), np.zeros(3))
   data = fr.client_data(np.zeros((3, 4, 5)), np.zeros((3, 4)), B_star=np.eye(5)[:, :2])
   assert data.num_clients == 3 and data.dim == 5
+
+
+def test_resume_carries_the_diverged_flags():
+  data = small_problem()
+  algorithm = fr.FedRep(rep_dim=2, cohort=5)
+  hp = fr.LinearHparams(lr=jnp.float32(1e30), head_lr=jnp.float32(0.1))  # diverges at once
+  first = fr.run(algorithm, data, hp, jax.random.key(3), 4, progress=False)
+  assert bool(first.diverged) and first.metrics["diverged"][-1] == 1
+  rest = fr.run(algorithm, data, HP, jax.random.key(3), 8, state=first.state, start_round=4,
+                diverged=first.diverged, progress=False)
+  assert np.all(rest.metrics["diverged"] == 1) and np.all(np.isnan(rest.metrics["train_loss"]))
+  np.testing.assert_array_equal(rest.state.B, first.state.B)  # a diverged run stays put
+
+
+def test_a_state_passed_in_stays_valid_although_chunks_donate_theirs():
+  data = small_problem()
+  algorithm = fr.FedRep(rep_dim=2, cohort=5)
+  state = fr.init_state(algorithm, data, HP, jax.random.key(3))
+  B0 = np.asarray(state.B)
+  fr.run(algorithm, data, HP, jax.random.key(3), 6, chunk=2, state=state, progress=False)
+  np.testing.assert_array_equal(state.B, B0)  # still readable, unchanged

@@ -217,3 +217,26 @@ def test_local_only_never_communicates():
   alone = jax.jit(algorithm.client_update)({}, jax.tree.map(lambda p: p[i], state.personal),
                                            data.x[i], data.y[i], data.counts[i], keys[i], HP)[1]
   assert_trees_close(jax.tree.map(lambda p: p[i], new.personal), alone)
+
+
+def test_new_clients_fit_a_head_on_the_learned_body():
+  data = small_data(12)
+  train_data = jax.tree.map(lambda a: a[:8], data)
+  new_data = jax.tree.map(lambda a: a[8:], data)
+  algorithm = make("fedrep", cohort=4)
+  state = fr.run(algorithm, train_data, HP, jax.random.key(0), 3, progress=False).state
+  metrics = jax.jit(algorithm.new_clients, static_argnums=4)(state, new_data, HP,
+                                                             jax.random.key(1), 2)
+  keys = jax.random.split(jax.random.key(1), 4)
+  body = state.shared
+  head = {p: jnp.zeros(v.shape[1:]) for p, v in state.personal.items()}
+  expected = []
+  for i in range(4):
+    new_head, _ = jax.jit(algorithm.train_head, static_argnums=7)(
+        body, head, new_data.x[i], new_data.y[i], new_data.counts[i], keys[i], HP, 2)
+    logits = algorithm.logits(params_lib.merge(body, new_head), new_data.x_test[i])
+    expected.append(train.accuracy(logits, new_data.y_test[i], new_data.test_counts[i]))
+  np.testing.assert_allclose(metrics["test_accuracy"], np.mean(expected), rtol=1e-6)
+  with pytest.raises(ValueError, match="keeps body parameters personal"):
+    make("lg-fedavg").new_clients(make("lg-fedavg").init(jax.random.key(0), new_data, HP),
+                                  new_data, HP, jax.random.key(1), 2)

@@ -73,6 +73,7 @@ def from_reference(state, shared, personal):
 
 def assert_states_close(state, shared, personal):
   assert set(state.shared) == set(shared)
+  assert all(set(state.personal) == set(q) for q in personal)
   for p, v in state.shared.items():
     np.testing.assert_allclose(v, shared[p], rtol=RTOL, atol=ATOL, err_msg=p)
   for p, v in state.personal.items():
@@ -200,3 +201,21 @@ def test_evaluation_matches_reference(name, ft_epochs):
   for metric in ("test_accuracy", "test_accuracy_std"):
     np.testing.assert_allclose(float(metrics[metric]), expected[metric], atol=1e-6,
                                err_msg=metric)
+
+
+def test_fine_tuned_heads_match_reference():
+  """FedAvg-FT's fine-tuned params of every client (what evaluate tests it with)."""
+  data = make_data()
+  algorithm = make("fedavg-ft", ft_epochs=2)
+  state = initial_state(algorithm, data)
+  keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+      jax.random.wrap_key_data(state.eval_key), jnp.arange(data.num_clients))
+  tuned = jax.jit(jax.vmap(lambda x, y, count, key: algorithm.eval_params(
+      state.shared, {}, x, y, count, key, HP)))(data.x, data.y, data.counts, keys)
+  shared, personal = to_reference(state, data.num_clients)
+  for i in range(data.num_clients):
+    expected = ref.eval_params(shared, personal[i], data, i, HP, ft_epochs=2,
+                               eval_key=state.eval_key, batch_size=STRUCTURE["batch_size"])
+    assert set(tuned) == set(expected)
+    for p, v in tuned.items():
+      np.testing.assert_allclose(v[i], expected[p], rtol=RTOL, atol=ATOL, err_msg=p)

@@ -110,3 +110,17 @@ def test_srpfl_speedup_quick():
     assert t["srpfl_reached"] == t["fedrep_reached"] == "3/3"
     assert t["ratio"] < 0.5
     assert abs(t["expected_ratio"] / t["ratio"] - 1) < 0.2  # the clock matches Section 4.1
+
+
+def test_digits_personalized_quick():
+  """FedRep beats FedAvg and local only; fine-tuning FedAvg's head improves on FedAvg."""
+  rows, config = fr.run_recipe("digits-personalized", quick=True, progress=False)
+  from fedjax_rep.recipes import nn_common
+  accuracy = {r["algorithm"]: r["test_accuracy"]
+              for r in nn_common.summary(rows, config.algorithms)}
+  assert accuracy["fedrep"] > accuracy["fedavg"] + 0.1
+  assert accuracy["fedrep"] >= accuracy["local"]
+  assert accuracy["fedavg-ft"] > accuracy["fedavg"] + 0.1
+  evaluated = [r for r in rows if r.get("test_accuracy") is not None]
+  assert {r["round"] for r in evaluated} == set(range(5, config.rounds + 1, 5))
+  assert all(0 <= r["test_accuracy"] <= 1 and r["test_accuracy_std"] >= 0 for r in evaluated)

@@ -163,4 +163,31 @@ class Personalized:
     accuracies = train.client_map(client, (state.personal, data.x, data.y, data.counts, keys,
                                            data.x_test, data.y_test, data.test_counts),
                                   self.client_group)
-    return {"test_accuracy": jnp.mean(accuracies), "test_accuracy_std": jnp.std(accuracies)}
+    return accuracy_metrics(accuracies)
+
+  def new_clients(self, state: NNState, data, hparams: NNHparams, key, epochs: int) -> dict:
+    """Accuracy of new clients (`data`: their own train and test sets) that reuse the
+    learned body (the server's) and fit only a head, from zero, by `epochs` epochs of SGD
+    on their training data (FedRep Fig. 4's question, for neural nets)."""
+    body = {p: v for p, v in state.shared.items() if p.startswith("body/")}
+    head = {p: jnp.zeros(v.shape[1:] if p in state.personal else v.shape, v.dtype)
+            for p, v in {**state.shared, **state.personal}.items() if p.startswith("head/")}
+    if any(p.startswith("body/") for p in state.personal):
+      raise ValueError(f"{self.name} keeps body parameters personal: there is no learned body "
+                       f"for new clients to reuse")
+    keys = jax.random.split(key, data.num_clients)
+
+    def client(args):
+      x, y, count, client_key, x_test, y_test, test_count = args
+      new_head, _ = self.train_head(body, head, x, y, count, client_key, hparams, epochs)
+      return train.accuracy(self.logits(params_lib.merge(body, new_head), x_test), y_test,
+                            test_count)
+
+    return accuracy_metrics(train.client_map(
+        client, (data.x, data.y, data.counts, keys, data.x_test, data.y_test, data.test_counts),
+        self.client_group))
+
+
+def accuracy_metrics(accuracies: jax.Array) -> dict:
+  """test_accuracy (mean over clients of accuracies [n]) and test_accuracy_std."""
+  return {"test_accuracy": jnp.mean(accuracies), "test_accuracy_std": jnp.std(accuracies)}
