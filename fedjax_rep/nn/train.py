@@ -94,4 +94,6 @@ def client_map(fn: Callable, per_client, group: int | None):
   shared by all clients are closed over by `fn` (unbatched: e.g. the frozen body)."""
   if group is None:
     return jax.vmap(fn)(per_client)
+  if group == 1:  # a plain scan: XLA:CPU runs vmaps of size 1 as slower batched dots
+    return jax.lax.map(fn, per_client)
   return jax.lax.map(fn, per_client, batch_size=group)
