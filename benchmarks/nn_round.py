@@ -25,15 +25,14 @@ import datetime
 import json
 import math
 import os
-import platform
 import time
 
 import jax
 import jax.numpy as jnp
-import jaxlib
 import numpy as np
 
 from fedjax_rep.data.federated import ClientDatasets
+from linear_round import machine_info  # benchmarks/ is the script's directory
 from fedjax_rep.nn import train
 from fedjax_rep.nn.hparams import hparams as nn_hparams
 from fedjax_rep.nn.models import make_model
@@ -43,8 +42,8 @@ BATCH, LR, MOMENTUM, WEIGHT_DECAY = 10, 0.01, 0.5, 1e-4
 NUM_CLASSES = 10
 # name -> (registered model, input shape, default client groups, default timed calls)
 MODELS = {
-    "cnn": ("cifar10-cnn", (32, 32, 3), (5, 10, 20), 1),
-    "mlp": ("mlp", (28, 28, 1), (1, 5, 10, 20), 3),
+    "cnn": ("cifar10-cnn", (32, 32, 3), (1, 5, 10), 2),
+    "mlp": ("mlp", (28, 28, 1), (1, 5, 20), 5),
 }
 QUICK_GROUPS = (2, 5)
 CHECK_CLIENTS, CHECK_GROUP = 4, 2
@@ -181,16 +180,17 @@ def check(model, input_shape, samples, hparams):
 # --- timing --------------------------------------------------------------------------------
 
 
-def best_seconds(fn, calls):
-  """(wall seconds, process CPU seconds) of the fastest (by wall time) of `calls` calls of
-  fn() (each waits for its result), and the wall times of all the calls."""
-  times = []
+def interleaved_seconds(impls, calls):
+  """For each of `impls`: (wall seconds, process CPU seconds) of its fastest (by wall time)
+  call, and the wall times of all its calls. The calls go round-robin (each implementation
+  once, then again, `calls` times), so a drift in the machine's speed hits all alike."""
+  times = [[] for _ in impls]
   for _ in range(calls):
-    start, start_cpu = time.perf_counter(), time.process_time()
-    fn()
-    times.append((time.perf_counter() - start, time.process_time() - start_cpu))
-  wall, cpu = min(times)
-  return wall, cpu, [t[0] for t in times]
+    for impl_times, impl in zip(times, impls):
+      start, start_cpu = time.perf_counter(), time.process_time()
+      impl()
+      impl_times.append((time.perf_counter() - start, time.process_time() - start_cpu))
+  return [(*min(t), [wall for wall, _ in t]) for t in times]
 
 
 def matmul_gflops(repeats=5):
@@ -219,9 +219,9 @@ def load():
   return os.getloadavg()[0]
 
 
-def row(name, implementation, group, impl, calls, examples, flops_per_example, matmul):
-  """Times `impl` (best of `calls`) and returns its table row."""
-  seconds, cpu_seconds, times = best_seconds(impl, calls)
+def row(name, implementation, group, impl, timing, examples, flops_per_example, matmul):
+  """The table row of `impl` from its `interleaved_seconds` timing."""
+  seconds, cpu_seconds, times = timing
   gflops = examples * flops_per_example / seconds / 1e9
   return {"model": name, "implementation": implementation, "group": group,
           "clients": len(impl.clients) if implementation == "loop" else impl.alg.cohort,
@@ -247,19 +247,15 @@ def benchmark_model(name, clients, samples, groups, calls, hparams, matmul):
         flush=True)
   data = synthetic_data(jax.random.key(0), clients, samples, input_shape)
   key_init, key = jax.random.key(1), jax.random.key(2)
-  rows = []
-  for group in groups:
-    vmap = VmapRound(model, data, hparams, key_init, key, group)
-    if not rows:  # the loop first, from the same initial params
-      loop = LoopRound(vmap.alg, vmap.initial, data, hparams, key)
-      rows.append(row(name, "loop", None, loop, calls, examples, train_flops, matmul))
-      print(f"[{name}] loop: compile {loop.compile_s:.1f} s, round "
-            f"{rows[-1]['seconds_per_round']:.2f} s", flush=True)
-      del loop
-    rows.append(row(name, "vmap", group, vmap, calls, examples, train_flops, matmul))
-    print(f"[{name}] vmap group {group}: compile {vmap.compile_s:.1f} s, round "
-          f"{rows[-1]['seconds_per_round']:.2f} s", flush=True)
-    del vmap
+  impls = [VmapRound(model, data, hparams, key_init, key, group) for group in groups]
+  loop = LoopRound(impls[0].alg, impls[0].initial, data, hparams, key)  # same initial params
+  impls.insert(0, loop)
+  labels = [("loop", None)] + [("vmap", group) for group in groups]
+  for (implementation, group), impl in zip(labels, impls):
+    print(f"[{name}] {implementation} {group or ''}: compile {impl.compile_s:.1f} s", flush=True)
+  rows = [row(name, implementation, group, impl, timing, examples, train_flops, matmul)
+          for (implementation, group), impl, timing in zip(labels, impls,
+                                                            interleaved_seconds(impls, calls))]
   best = min((r for r in rows if r["implementation"] == "vmap"),
              key=lambda r: r["seconds_per_round"])
   for r in rows:
@@ -270,21 +266,6 @@ def benchmark_model(name, clients, samples, groups, calls, hparams, matmul):
 
 
 # --- output --------------------------------------------------------------------------------
-
-
-def machine_info():
-  """Lines describing the CPU, core count and library versions."""
-  cpu = platform.processor() or "unknown"
-  with open("/proc/cpuinfo") as f:
-    for line in f:
-      if line.startswith("model name"):
-        cpu = line.split(":", 1)[1].strip()
-        break
-  return [f"CPU: {cpu}; {len(os.sched_getaffinity(0))} cores usable "
-          f"(os.cpu_count() = {os.cpu_count()})",
-          f"python {platform.python_version()}, jax {jax.__version__}, "
-          f"jaxlib {jaxlib.__version__}, numpy {np.__version__}",
-          f"jax devices: {jax.devices()}"]
 
 
 def format_table(rows):

@@ -14,9 +14,9 @@ HP = fr.nn_hparams(lr=0.1, momentum=0.5, weight_decay=1e-3)
 MODEL = fr.make_model("digits-mlp", 10)
 
 
-def small_data(num_clients=6, seed=0, **sizes):
+def small_data(num_clients=6, seed=0):
   """The first `num_clients` of digits split over 40 clients (~34 samples each)."""
-  data = fr.digits.federated(40, "classes", 2, seed=seed, **sizes)
+  data = fr.digits.federated(40, "classes", 2, seed=seed)
   return jax.tree.map(lambda a: a[:num_clients], data)
 
 
@@ -180,13 +180,11 @@ def test_a_neural_run_compiles_once_across_rounds_chunks_and_seeds(compiles):
 
 
 def test_seeds_as_one_vmapped_sweep_equal_solo_runs():
-  datasets = [small_data(seed=s) for s in (0, 1)]
-  size = max(d.samples for d in datasets)
-  test_size = max(d.x_test.shape[1] for d in datasets)
-  datasets = [small_data(seed=s, size=size, test_size=test_size) for s in (0, 1)]
+  stacked = fr.stack_datasets([small_data(seed=s) for s in (0, 1)])
+  datasets = [jax.tree.map(lambda a: a[s], stacked) for s in (0, 1)]  # padded to one shape
   algorithm = make("fedrep")
   keys = jnp.stack([jax.random.key(10), jax.random.key(11)])
-  sweep = fr.run(algorithm, fr.stack(datasets), HP, keys, 3, sweep_axes=(0, None, 0),
+  sweep = fr.run(algorithm, stacked, HP, keys, 3, sweep_axes=(0, None, 0),
                  progress=False)
   for s in (0, 1):
     solo = fr.run(algorithm, datasets[s], HP, keys[s], 3, progress=False)

@@ -97,7 +97,7 @@ def _run_chunk(algorithm, state, diverged, data, hparams, rounds_key, start, sto
                chunk, sweep_axes):
   scan = functools.partial(_scan_rounds, algorithm, chunk=chunk)
   if sweep_axes is not None:
-    scan = jax.vmap(scan, in_axes=(0, 0, *sweep_axes[:2], sweep_axes[2], None, None))
+    scan = jax.vmap(scan, in_axes=(0, 0, *sweep_axes, None, None))
   return scan(state, diverged, data, hparams, rounds_key, start, stop)
 
 
@@ -183,6 +183,7 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
   rounds_key = _split_keys(key, sweep_axes)[1]
   sweep_shape = () if sweep_axes is None else jax.tree.leaves(state)[0].shape[:1]
   diverged = jnp.zeros(sweep_shape, bool) if diverged is None else jnp.array(diverged, bool)
+  axis = 0 if sweep_axes is None else 1  # the rounds axis of the metrics
   evaluated = isinstance(algorithm, Evaluated)
   periods = [eval_every] if evaluated and eval_every else []
   todo = num_rounds - start_round
@@ -198,7 +199,6 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
         algorithm, state, diverged, data, hparams, rounds_key, jnp.asarray(t),
         jnp.asarray(stop), chunk=chunk, sweep_axes=sweep_axes)
     metrics = jax.device_get(metrics)
-    axis = 0 if sweep_axes is None else 1
     pieces.append({k: np.take(v, np.arange(stop - t), axis=axis) for k, v in metrics.items()})
     if evaluated and (stop == num_rounds or (eval_every and stop % eval_every == 0)):
       eval_rounds.append(stop)
@@ -208,7 +208,6 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     t = stop
   bar.close()
   jax.block_until_ready(state)
-  axis = 0 if sweep_axes is None else 1
   metrics = {name: np.concatenate([p[name] for p in pieces], axis=axis) for name in pieces[0]}
   eval_metrics = {name: np.stack([np.asarray(p[name]) for p in eval_pieces], axis=axis)
                   for name in (eval_pieces[0] if eval_pieces else {})}

@@ -31,15 +31,13 @@ def load(seed: int = 0, test_fraction: float = 0.25):
 
 def federated(num_clients: int, partition: str = "classes", classes_per_client: int = 2,
               dirichlet_alpha: float = 0.5, seed: int = 0,
-              test_fraction: float = 0.25, size: int | None = None,
-              test_size: int | None = None) -> ClientDatasets:
+              test_fraction: float = 0.25) -> ClientDatasets:
   """Digits split over num_clients clients by partitioner `partition` (see
   partition.PARTITIONS), padded to x [num_clients, m, 8, 8, 1] and x_test [num_clients, t,
-  8, 8, 1] (m, t: the largest client, or `size`, `test_size` to give several seeds one
-  shape); the seed drives both the train/test split and the partition."""
+  8, 8, 1] (m, t: the largest client; `federated.stack` pads several to one shape); the
+  seed drives both the train/test split and the partition."""
   x, y, x_test, y_test = load(seed, test_fraction)
   parts, test_parts = partitioning.partition(
       partition, y, y_test, num_clients=num_clients, seed=seed,
       classes_per_client=classes_per_client, dirichlet_alpha=dirichlet_alpha)
-  return client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes=NUM_CLASSES,
-                         size=size, test_size=test_size)
+  return client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes=NUM_CLASSES)

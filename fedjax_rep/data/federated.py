@@ -46,6 +46,25 @@ class ClientDatasets:
     return self.x[clients], self.y[clients], self.counts[clients]
 
 
+def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
+  """One ClientDatasets with a leading axis over `datasets` (e.g. seeds), each padded with
+  zero rows to the largest m and t among them."""
+  size = max(d.x.shape[1] for d in datasets)
+  test_size = max(d.x_test.shape[1] for d in datasets)
+
+  def padded(a, to):
+    return np.pad(np.asarray(a), [(0, 0), (0, to - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
+
+  return ClientDatasets(
+      x=jnp.stack([padded(d.x, size) for d in datasets]),
+      y=jnp.stack([padded(d.y, size) for d in datasets]),
+      counts=jnp.stack([d.counts for d in datasets]),
+      x_test=jnp.stack([padded(d.x_test, test_size) for d in datasets]),
+      y_test=jnp.stack([padded(d.y_test, test_size) for d in datasets]),
+      test_counts=jnp.stack([d.test_counts for d in datasets]),
+      num_classes=datasets[0].num_classes)
+
+
 def pad(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], size: int | None = None):
   """(x [n, size, ...], y [n, size], counts [n]) of clients whose samples are the rows
   `parts[i]` of x [N, ...], y [N]; padding rows are zero. size defaults to the largest part."""

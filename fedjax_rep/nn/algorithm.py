@@ -42,14 +42,13 @@ class Personalized:
   """Base of the neural algorithms (see the module docstring).
 
   model: a `models.Classifier` (params {'body', 'head'}); cohort: clients per round;
-  local_epochs: epochs of local training (FedRep: of the body); head_epochs: FedRep's head
-  epochs before them; batch_size: minibatch size; client_group: clients trained together
+  local_epochs: epochs of local training (FedRep: of the body, after its head epochs);
+  batch_size: minibatch size; client_group: clients trained together
   in one vmap (the groups run one after another; None: the whole cohort at once).
   """
   model: nn.Module
   cohort: int
   local_epochs: int = 1
-  head_epochs: int = 0
   batch_size: int = 10
   client_group: int | None = 10
   name: str = "personalized"
@@ -124,16 +123,18 @@ class Personalized:
     weighted by their sample counts, and they keep their new personal params; masked and
     unsampled clients keep theirs. Metrics: train_loss (count-weighted mean over the
     cohort of each client's mean minibatch loss)."""
-    x, y, counts = data.batch(key, clients)
+    counts = data.sample_counts(clients)
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, clients)
     old_personal = tree.gather(state.personal, clients)
 
-    def client(args):
-      return self.client_update(state.shared, *args, hparams)
+    def client(args):  # fetches its own data: the cohort's is never copied out as a whole
+      personal, client_id, client_key = args
+      x, y, count = jax.tree.map(lambda a: a[0], data.batch(key, client_id[None]))
+      return self.client_update(state.shared, personal, x, y, count, client_key, hparams)
 
     shared, personal, losses = train.client_map(
-        client, (old_personal, x, y, counts, keys), self.client_group)
-    weights = counts.astype(jnp.float32) if mask is None else jnp.where(mask, counts, 0.0)
+        client, (old_personal, clients, keys), self.client_group)
+    weights = counts if mask is None else jnp.where(mask, counts, 0.0)
     sums, total = aggregate.weighted_sum(shared, weights)
     shared = otu.tree_where(total > 0, aggregate.mean(sums, total), state.shared)
     if mask is not None:

@@ -23,7 +23,6 @@ class FedAvg(Personalized):
   def eval_params(self, shared, personal, x, y, count, key, hparams):
     if not self.ft_epochs:
       return shared
-    body = {p: v for p, v in shared.items() if not p.startswith("head/")}
-    head = {p: v for p, v in shared.items() if p.startswith("head/")}
+    body, head = params_lib.split(shared, params_lib.head_personal(shared))
     head, _ = self.train_head(body, head, x, y, count, key, hparams, self.ft_epochs)
     return params_lib.merge(body, head)

@@ -19,10 +19,10 @@ class NNHparams:
 def hparams(lr: float = 0.01, momentum: float = 0.5, weight_decay: float = 1e-4) -> NNHparams:
   """NNHparams of float32 scalars; defaults of FedRep's code (lr 0.01, momentum 0.5,
   weight decay 1e-4)."""
-  for name, value, low in (("lr", lr, 0.0), ("momentum", momentum, 0.0),
-                           ("weight_decay", weight_decay, 0.0)):
-    if not (value >= low) or (name == "lr" and value == 0) or (name == "momentum" and value >= 1):
-      raise ValueError(f"{name}={value!r} is out of range: lr must be > 0, momentum in [0, 1), "
-                       f"weight_decay >= 0")
+  for name, value, ok, valid in (("lr", lr, lr > 0, "> 0"),
+                                 ("momentum", momentum, 0 <= momentum < 1, "in [0, 1)"),
+                                 ("weight_decay", weight_decay, weight_decay >= 0, ">= 0")):
+    if not ok:  # NaN fails every comparison
+      raise ValueError(f"{name}={value!r} is out of range: {name} must be {valid}")
   return NNHparams(lr=jnp.float32(lr), momentum=jnp.float32(momentum),
                    weight_decay=jnp.float32(weight_decay))

@@ -1,5 +1,7 @@
 """The neural algorithms in the registry (`core.registry`), and `make_algorithm`."""
 
+import dataclasses
+
 from fedjax_rep.core import registry
 from fedjax_rep.nn.fedavg import FedAvg
 from fedjax_rep.nn.fedper import FedPer
@@ -11,31 +13,30 @@ FT_EPOCHS = 10  # FedRep's "+FT": each client fine-tunes the head for 10 epochs
 
 
 def _maker(cls, **fixed):
-  def make(name, *, model, cohort, local_epochs=1, head_epochs=10, batch_size=10,
-           client_group=10, ft_epochs=FT_EPOCHS):
-    structure = dict(model=model, cohort=cohort, local_epochs=local_epochs,
-                     batch_size=batch_size, client_group=client_group, name=name)
-    if cls is FedRep:
-      structure["head_epochs"] = head_epochs
-    if name == "fedavg-ft":
-      structure["ft_epochs"] = ft_epochs
-    return cls(**structure, **fixed)
+  """make(name, **structure) of `cls`: the structure fields `cls` has, then `fixed`."""
+  names = {f.name for f in dataclasses.fields(cls)}
+
+  def make(name, **structure):
+    return cls(**{**{k: v for k, v in structure.items() if k in names}, **fixed, "name": name})
+
   return make
 
 
-for _name, _summary, _cls in [
+for _name, _summary, _make in [
     ("fedrep", "FedRep (Alg. 1): head epochs with the body frozen, then body epochs with the "
-     "head frozen; the server averages bodies, heads stay personal", FedRep),
+     "head frozen; the server averages bodies, heads stay personal", _maker(FedRep)),
     ("fedper", "FedPer: body and head trained together; the server averages bodies, heads "
-     "stay personal", FedPer),
+     "stay personal", _maker(FedPer)),
     ("lg-fedavg", "LG-FedAvg: local body, global head (the last two layers are averaged)",
-     LGFedAvg),
-    ("fedavg", "FedAvg: one global model, local epochs, count-weighted average", FedAvg),
+     _maker(LGFedAvg)),
+    ("fedavg", "FedAvg: one global model, local epochs, count-weighted average",
+     _maker(FedAvg, ft_epochs=0)),
     ("fedavg-ft", "FedAvg + FT: FedAvg, then each client fine-tunes the head (10 epochs) "
-     "before it is tested", FedAvg),
-    ("local", "local only: every client trains its own model, no communication", Local),
+     "before it is tested", _maker(FedAvg)),
+    ("local", "local only: every client trains its own model, no communication",
+     _maker(Local)),
 ]:
-  registry.register("neural", _name, _summary, _maker(_cls))
+  registry.register("neural", _name, _summary, _make)
 
 ALGORITHMS = registry.ALGORITHMS["neural"]
 

@@ -16,7 +16,7 @@ the mean over the last 10 evaluations.
 
 import dataclasses
 
-from fedjax_rep.data import digits
+from fedjax_rep.data import digits, federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import models
 from fedjax_rep.recipes import config as cfg
@@ -58,9 +58,10 @@ class Config:
 
 
 def data(config: Config, seed_values):
-  return common.seed_datasets(lambda s, size, test_size: digits.federated(
-      config.num_clients, config.partition, config.classes_per_client,
-      config.dirichlet_alpha, seed=s, size=size, test_size=test_size), seed_values)
+  """The clients' datasets of every seed, stacked along a leading seed axis."""
+  return federated.stack([digits.federated(config.num_clients, config.partition,
+                                           config.classes_per_client, config.dirichlet_alpha,
+                                           seed=s) for s in seed_values])
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:

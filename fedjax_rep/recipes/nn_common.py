@@ -1,8 +1,6 @@
-"""What the neural recipes share: configuration fields, data for every seed, runs of an
+"""What the neural recipes share: configuration fields, runs of an
 algorithm over all seeds as one program, and their metrics.csv rows and summary."""
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core import loop
@@ -71,16 +69,6 @@ def hparams(config) -> hparams_lib.NNHparams:
   return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay)
 
 
-def seed_datasets(make_data, seed_values):
-  """make_data(seed, size, test_size) -> ClientDatasets for every seed, padded to one
-  shape and stacked along a leading seed axis."""
-  datasets = [make_data(s, None, None) for s in seed_values]
-  size = max(d.samples for d in datasets)
-  test_size = max(d.x_test.shape[1] for d in datasets)
-  return shared.concatenate([jax.tree.map(lambda a: a[None], make_data(s, size, test_size))
-                             for s in seed_values])
-
-
 def trained(unit, name, config, model, data, seed_values, progress):
   """Cached unit NAME: algorithm `name` on every seed as one vmapped run; metrics
   [seeds, rounds], eval_rounds [E] and eval metrics [seeds, E]."""
@@ -89,7 +77,7 @@ def trained(unit, name, config, model, data, seed_values, progress):
       local_epochs=config.local_epochs, head_epochs=config.head_epochs,
       batch_size=config.batch_size, client_group=config.client_group,
       ft_epochs=config.head_epochs)
-  keys = jnp.stack([jax.random.fold_in(jax.random.key(s), 1) for s in seed_values])
+  keys = shared.seed_keys(seed_values[0], len(seed_values))[:, 2]  # the runs' keys
 
   def compute():
     result = loop.run(algorithm, data, hparams(config), keys, config.rounds,
