@@ -1,4 +1,4 @@
-"""The `fedjax-rep` command: `list` recipes and algorithms, `run` a recipe."""
+"""The `fedjax-rep` command: `list` recipes and algorithms, `run` a recipe, check `data`."""
 
 import argparse
 import csv
@@ -25,10 +25,18 @@ def _list() -> None:
     print(f"  {name:<20} {summary}")
 
 
+def _data() -> None:
+  from fedjax_rep.data.catalog import rows
+  for name, present, location, how in rows():
+    print(f"{name:<10} {'present' if present else 'missing':<8} {location}"
+          + (f"  get it: {how}" if how else ""))
+
+
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="fedjax-rep", description=__doc__)
   commands = parser.add_subparsers(dest="command", required=True)
   commands.add_parser("list", help="list recipes and algorithms, one line each")
+  commands.add_parser("data", help="datasets: present or missing, where, how to get them")
   run = commands.add_parser("run", help="run a recipe and write metrics.csv, config.json, PNG")
   run.add_argument("recipe", nargs="?", default=DEFAULT_RECIPE,
                    help=f"recipe name (default: {DEFAULT_RECIPE}); see `fedjax-rep list`")
@@ -47,16 +55,20 @@ def main(argv=None) -> int:
   if args.command == "list":
     _list()
     return 0
+  if args.command == "data":
+    _data()
+    return 0
+  from fedjax_rep.data.missing import DataMissing
   from fedjax_rep.recipes import config as cfg
   from fedjax_rep.recipes import registry
   try:
     out = registry.run_to_dir(args.recipe, quick=args.quick, seeds=args.seeds,
                               overrides=args.overrides, out=args.out,
                               progress=not args.no_progress)
-  except (cfg.ConfigError, FileExistsError) as error:
+  except (cfg.ConfigError, FileExistsError, DataMissing) as error:
     print(f"fedjax-rep: error: {error}", file=sys.stderr)
     return 2
-  summary = os.path.join(out, "summary.csv")
+  summary = os.path.join(out, registry.get(args.recipe).summary_file)
   if os.path.exists(summary):
     with open(summary) as f:
       table = list(csv.reader(f))
@@ -64,7 +76,7 @@ def main(argv=None) -> int:
     for row in table:
       print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
   print(f"wrote {out}/metrics.csv, config.json, {args.recipe}.png"
-        + (", summary.csv" if os.path.exists(summary) else ""))
+        + (f", {os.path.basename(summary)}" if os.path.exists(summary) else ""))
   return 0
 
 

@@ -7,8 +7,15 @@ y = x @ kernel + bias). The body is ReLU(dense) layers fc1, fc2, ...; the head i
 
 Randomness is an input: the shuffles come from the package's key derivation, replicated
 here with jax.random calls (client i trains with fold_in(round_key, i); FedRep splits that
-into (head key, body key); local training splits its key into one key per epoch, each
-epoch key into (order key, step keys), and the epoch's order is `train.epoch_order`).
+into (head key, body key), Ditto into (global key, personal key); L2GD splits the round
+key into (coin key, clients' key) first; local training splits its key into one key per
+epoch, each epoch key into (order key, step keys), and the epoch's order is
+`train.epoch_order`).
+
+The baselines (BASELINES) are written from their modules' docstrings: their local steps
+are `sgd` with a gradient function of the algorithm's objective, their hyperparameters
+the keyword `options` of `masked_round` and `evaluate`, named as `make_algorithm` names
+them (prox_mu, ditto_lambda, apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda).
 """
 
 import math
@@ -20,6 +27,8 @@ import numpy as np
 from fedjax_rep.nn import train
 
 ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "local")
+BASELINES = ("fedprox", "scaffold", "ditto", "apfl", "per-fedavg", "l2gd")
+CONTROL = "control/"  # SCAFFOLD's control variates: 'control/<param>'
 
 
 # -- the model -----------------------------------------------------------------------------
@@ -97,14 +106,16 @@ def epoch_orders(key, count: int, size: int, epochs: int) -> list[np.ndarray]:
   return orders
 
 
-def sgd_epochs(params: dict, trainable: list[str], x, y, count: int, key, hp, epochs: int,
-               batch_size: int):
+def sgd(params: dict, trainable: list, grad_fn, x, y, count: int, key, hp, epochs: int,
+        batch_size: int):
   """(params, mean minibatch loss) after `epochs` of minibatch SGD on the names
-  `trainable` (the rest frozen). x [m, ...], y [m] padded, the first `count` rows real.
-  Each epoch's order is cut into minibatches of batch_size positions; a minibatch is the
-  real rows among them (loss: their mean); a minibatch with none is no step. SGD as
-  PyTorch's: g += wd * p; buf = momentum * buf + g (buf = 0 at the start of the call);
-  p -= lr * buf. The mean loss is over the steps taken, each at the params before it."""
+  `trainable` (the rest frozen), a step's (loss, gradient) being grad_fn(params, xb, yb)
+  (the gradient a dict over at least `trainable`) of its minibatch xb, yb: the real rows of
+  its positions, in position order. x [m, ...], y [m] padded, the first `count` rows real.
+  Each epoch's order is cut into minibatches of batch_size positions; a minibatch with no
+  real row is no step. SGD as PyTorch's: g += wd * p; buf = momentum * buf + g (buf = 0 at
+  the start of the call); p -= lr * buf. The mean loss is over the steps taken, each at
+  the params before it."""
   params = {p: np.array(v, np.float64) for p, v in params.items()}
   lr, momentum, wd = float(hp.lr), float(hp.momentum), float(hp.weight_decay)
   buf = {p: np.zeros_like(params[p]) for p in trainable}
@@ -115,13 +126,34 @@ def sgd_epochs(params: dict, trainable: list[str], x, y, count: int, key, hp, ep
       rows = [order[j] for j in range(start, min(start + batch_size, count))]
       if not rows:
         continue
-      loss, grads = loss_and_grads(params, x[rows], y[rows])
+      loss, grads = grad_fn(params, x[rows], y[rows])
       losses.append(loss)
       for p in trainable:
         g = grads[p] + wd * params[p]
         buf[p] = momentum * buf[p] + g
         params[p] = params[p] - lr * buf[p]
   return params, (float(np.mean(losses)) if losses else 0.0)
+
+
+def sgd_epochs(params: dict, trainable: list[str], x, y, count: int, key, hp, epochs: int,
+               batch_size: int):
+  """`sgd` on a minibatch's mean cross-entropy (its loss: the mean over its real rows)."""
+  return sgd(params, trainable, loss_and_grads, x, y, count, key, hp, epochs, batch_size)
+
+
+def proximal(grad_fn, center: dict, mu: float):
+  """grad_fn with the gradient mu (p - center) of (mu / 2) ||params - center||^2 added to
+  every parameter's; the loss stays grad_fn's."""
+  def fn(params, xb, yb):
+    loss, grads = grad_fn(params, xb, yb)
+    return loss, {p: g + mu * (params[p] - center[p]) for p, g in grads.items()}
+
+  return fn
+
+
+def mixed(w: dict, v: dict, alpha: float) -> dict:
+  """APFL's v_bar = alpha v + (1 - alpha) w, parameter by parameter."""
+  return {p: alpha * v[p] + (1 - alpha) * w[p] for p in w}
 
 
 def head_names(params: dict) -> list[str]:
@@ -161,69 +193,246 @@ def client_update(name: str, params: dict, x, y, count: int, key, hp, *, local_e
   return sgd_epochs(params, list(params), x, y, count, key, hp, local_epochs, batch_size)
 
 
+# -- the baselines' clients: each (what it sends, its new personal params, mean loss) ------
+def fedprox_client(shared, x, y, count, key, hp, *, epochs, batch_size, prox_mu):
+  """FedProx: epochs of SGD from the global model w_g on CE + (prox_mu / 2) ||w - w_g||^2
+  (the loss reported: CE); sends w, keeps nothing."""
+  grad_fn = proximal(loss_and_grads, shared, prox_mu)
+  trained, loss = sgd(shared, list(shared), grad_fn, x, y, count, key, hp, epochs, batch_size)
+  return trained, {}, loss
+
+
+def scaffold_client(shared, personal, x, y, count, key, hp, *, epochs, batch_size):
+  """SCAFFOLD: epochs of SGD from w_g on CE with every gradient corrected by c - c_i (c the
+  server's 'control/<p>', c_i the client's), K = epochs ceil(count / batch_size) steps;
+  c_i+ = c_i - c + (w_g - w_i) / (K lr). Sends w_i and c_i+ - c_i (under 'control/'),
+  keeps c_i+."""
+  model = {p: v for p, v in shared.items() if not p.startswith(CONTROL)}
+  c = {p: shared[CONTROL + p] for p in model}
+  c_i = {p: personal[CONTROL + p] for p in model}
+
+  def grad_fn(params, xb, yb):
+    loss, grads = loss_and_grads(params, xb, yb)
+    return loss, {p: g + c[p] - c_i[p] for p, g in grads.items()}
+
+  trained, loss = sgd(model, list(model), grad_fn, x, y, count, key, hp, epochs, batch_size)
+  steps = epochs * math.ceil(count / batch_size)
+  new_c_i = {p: c_i[p] - c[p] + (model[p] - trained[p]) / (steps * float(hp.lr))
+             for p in model}
+  sent = {**trained, **{CONTROL + p: new_c_i[p] - c_i[p] for p in model}}
+  return sent, {CONTROL + p: v for p, v in new_c_i.items()}, loss
+
+
+def ditto_client(shared, personal, x, y, count, key, hp, *, epochs, batch_size, ditto_lambda):
+  """Ditto: with (key_global, key_personal) = split(key), epochs of SGD on CE from w_g
+  (key_global; sent), then epochs of SGD on CE + (ditto_lambda / 2) ||v - w_g||^2 from
+  the client's v (key_personal; kept, its CE the loss reported)."""
+  key_global, key_personal = jax.random.split(key)
+  w, _ = sgd_epochs(shared, list(shared), x, y, count, key_global, hp, epochs, batch_size)
+  grad_fn = proximal(loss_and_grads, shared, ditto_lambda)
+  v, loss = sgd(personal, list(personal), grad_fn, x, y, count, key_personal, hp, epochs,
+                batch_size)
+  return w, v, loss
+
+
+def apfl_client(shared, personal, x, y, count, key, hp, *, epochs, batch_size, apfl_alpha):
+  """APFL: epochs of joint SGD steps on (w, v) from (w_g, the client's v), one minibatch a
+  step: w along grad CE(w), v along apfl_alpha grad CE(v_bar), v_bar = `mixed(w, v)`
+  (weight decay and momentum per parameter of both; the loss reported: CE(v_bar)). Sends
+  w, keeps v."""
+  joint = {**{("w", p): v for p, v in shared.items()},
+           **{("v", p): v for p, v in personal.items()}}
+
+  def grad_fn(params, xb, yb):
+    w = {p: params["w", p] for p in shared}
+    v = {p: params["v", p] for p in shared}
+    _, grads_w = loss_and_grads(w, xb, yb)
+    loss, grads_mixed = loss_and_grads(mixed(w, v, apfl_alpha), xb, yb)
+    return loss, {**{("w", p): g for p, g in grads_w.items()},
+                  **{("v", p): apfl_alpha * g for p, g in grads_mixed.items()}}
+
+  trained, loss = sgd(joint, list(joint), grad_fn, x, y, count, key, hp, epochs, batch_size)
+  return ({p: trained["w", p] for p in shared}, {p: trained["v", p] for p in personal}, loss)
+
+
+def adapted(params: dict, x, y, inner_lr: float) -> dict:
+  """params - inner_lr grad CE(params; x, y) (one MAML inner step on the rows x, y)."""
+  _, grads = loss_and_grads(params, x, y)
+  return {p: v - inner_lr * grads[p] for p, v in params.items()}
+
+
+def per_fedavg_client(shared, x, y, count, key, hp, *, epochs, batch_size, maml_inner_lr):
+  """Per-FedAvg (first order): epochs of SGD from w_g whose step, on the real rows D of its
+  first batch_size // 2 positions and D' of the rest, has loss CE(w'; D') and gradient
+  grad CE(w'; D') at w' = `adapted(w, D)` (both 0 when D' has no real row). Sends w, keeps
+  nothing."""
+  half = batch_size // 2
+
+  def grad_fn(params, xb, yb):
+    if len(yb) <= half:
+      return 0.0, {p: np.zeros_like(v) for p, v in params.items()}
+    return loss_and_grads(adapted(params, xb[:half], yb[:half], maml_inner_lr), xb[half:],
+                          yb[half:])
+
+  trained, loss = sgd(shared, list(shared), grad_fn, x, y, count, key, hp, epochs, batch_size)
+  return trained, {}, loss
+
+
+def client_round(name: str, shared: dict, personal: dict, x, y, count: int, key, hp, *,
+                 local_epochs: int, head_epochs: int, batch_size: int, **options):
+  """(what a client of algorithm `name` sends the server, its new personal params, its mean
+  loss) after training from the server's params `shared` and its own `personal` with its
+  key fold_in(round_key, i). ALGORITHMS send their `shared_names` params of
+  `client_update`'s and keep the rest."""
+  structure = dict(epochs=local_epochs, batch_size=batch_size)
+  if name == "fedprox":
+    return fedprox_client(shared, x, y, count, key, hp, **structure,
+                          prox_mu=options["prox_mu"])
+  if name == "scaffold":
+    return scaffold_client(shared, personal, x, y, count, key, hp, **structure)
+  if name == "ditto":
+    return ditto_client(shared, personal, x, y, count, key, hp, **structure,
+                        ditto_lambda=options["ditto_lambda"])
+  if name == "apfl":
+    return apfl_client(shared, personal, x, y, count, key, hp, **structure,
+                       apfl_alpha=options["apfl_alpha"])
+  if name == "per-fedavg":
+    return per_fedavg_client(shared, x, y, count, key, hp, **structure,
+                             maml_inner_lr=options["maml_inner_lr"])
+  trained, loss = client_update(name, {**shared, **personal}, x, y, count, key, hp,
+                                local_epochs=local_epochs, head_epochs=head_epochs,
+                                batch_size=batch_size)
+  averaged = shared_names(name, trained)
+  return ({p: trained[p] for p in averaged},
+          {p: v for p, v in trained.items() if p not in averaged}, loss)
+
+
 # -- rounds and evaluation -----------------------------------------------------------------
+def server_update(shared: dict, sent: list[dict], counts: list[int],
+                  num_clients: int) -> dict:
+  """The server's new params from what the trained clients sent (`sent`, their sample
+  counts `counts`): the count-weighted mean of the model params (the server's, unchanged,
+  if none trained); SCAFFOLD's control c ('control/<p>') + the sum of the sent c_i+ - c_i
+  over the num_clients clients."""
+  total = sum(counts)
+  new = {}
+  for p, v in shared.items():
+    v = np.asarray(v, np.float64)
+    if p.startswith(CONTROL):
+      new[p] = v + sum(s[p] for s in sent) / num_clients
+    elif total > 0:
+      new[p] = sum(count * s[p] for count, s in zip(counts, sent)) / total
+    else:
+      new[p] = v
+  return new
+
+
 def masked_round(name: str, shared: dict, personal: list[dict], key, data, hp, clients,
                  mask=None, *, local_epochs: int = 1, head_epochs: int = 0,
-                 batch_size: int = 10):
+                 batch_size: int = 10, **options):
   """One round: (shared, personal, train_loss). shared: the server's params {name: array};
   personal: client i's own params personal[i] {name: array}; data: numpy x [n, m, ...],
-  y [n, m], counts [n] (attributes). Clients `clients` with mask True train from shared +
-  their personal params (key fold_in(key, i)). The params `shared_names(name)` become the
-  count-weighted mean of theirs (the server's, unchanged if none trained), the trained
-  clients keep the rest as their personal params, every other client keeps its own.
-  train_loss: the count-weighted mean of the trained clients' mean losses (0 if none)."""
+  y [n, m], counts [n] (attributes); options: the baselines' hyperparameters. Clients
+  `clients` with mask True train (`client_round`, key fold_in(key, i)); the server updates
+  its params from what they sent (`server_update`), they keep their new personal params,
+  every other client keeps its own. train_loss: the count-weighted mean of the trained
+  clients' mean losses (0 if none). L2GD: `l2gd_round`."""
+  if name == "l2gd":
+    return l2gd_round(shared, personal, key, data, hp, clients, mask,
+                      local_epochs=local_epochs, batch_size=batch_size,
+                      l2gd_p=options["l2gd_p"], l2gd_lambda=options["l2gd_lambda"])
   mask = [True] * len(clients) if mask is None else list(mask)
-  params = {**shared, **personal[0]}
-  averaged = shared_names(name, params)
-  sums = {p: np.zeros_like(np.asarray(params[p], np.float64)) for p in averaged}
-  total, loss_sum = 0.0, 0.0
   new_personal = [dict(p) for p in personal]
+  sent, counts, loss_sum = [], [], 0.0
   for i, trains in zip(clients, mask):
     i = int(i)
     if not trains:
       continue
     count = int(data.counts[i])
-    trained, loss = client_update(name, {**shared, **personal[i]},
-                                  np.asarray(data.x[i], np.float64), np.asarray(data.y[i]),
-                                  count, jax.random.fold_in(key, i), hp,
-                                  local_epochs=local_epochs, head_epochs=head_epochs,
-                                  batch_size=batch_size)
-    for p in averaged:
-      sums[p] += count * trained[p]
-    new_personal[i] = {p: v for p, v in trained.items() if p not in averaged}
-    total += count
+    client_sent, new_personal[i], loss = client_round(
+        name, shared, personal[i], np.asarray(data.x[i], np.float64), np.asarray(data.y[i]),
+        count, jax.random.fold_in(key, i), hp, local_epochs=local_epochs,
+        head_epochs=head_epochs, batch_size=batch_size, **options)
+    sent.append(client_sent)
+    counts.append(count)
     loss_sum += count * loss
-  if total > 0:
-    new_shared = {p: s / total for p, s in sums.items()}
-  else:
-    new_shared = {p: np.asarray(shared[p], np.float64) for p in averaged}
-  return new_shared, new_personal, (loss_sum / total if total > 0 else 0.0)
+  total = sum(counts)
+  return (server_update(shared, sent, counts, data.num_clients), new_personal,
+          (loss_sum / total if total > 0 else 0.0))
 
 
-def eval_params(shared: dict, personal: dict, data, i: int, hp=None, *, ft_epochs: int = 0,
-                eval_key=None, batch_size: int = 10) -> dict:
-  """The params client i is tested with: shared + its personal ones; with ft_epochs > 0
-  (FedAvg-FT) after fine-tuning the head (body frozen) for ft_epochs on its train data with
-  key fold_in(wrap_key_data(eval_key), i)."""
-  params = {**shared, **personal}
+def l2gd_averages(key, l2gd_p: float) -> bool:
+  """Whether L2GD's round with key `key` averages: uniform(coin key) < l2gd_p, the coin key
+  the first of split(key)."""
+  key_coin, _ = jax.random.split(key)
+  return bool(jax.random.uniform(key_coin) < l2gd_p)
+
+
+def l2gd_round(shared: dict, personal: list[dict], key, data, hp, clients, mask=None, *,
+               local_epochs: int, batch_size: int, l2gd_p: float, l2gd_lambda: float):
+  """L2GD's round (all params personal; `shared` is empty): with key_clients the second of
+  split(key), a local round ("local"'s `masked_round` with key_clients and step size
+  lr / (1 - l2gd_p)) unless `l2gd_averages`; then every unmasked cohort client moves
+  x_i <- x_i - theta (x_i - x_bar), theta = min(1, lr l2gd_lambda / l2gd_p), x_bar their
+  count-weighted mean, and train_loss is their count-weighted mean CE on their train data
+  before the move (0 with none)."""
+  _, key_clients = jax.random.split(key)
+  if not l2gd_averages(key, l2gd_p):
+    return masked_round("local", shared, personal, key_clients, data,
+                        hp.replace(lr=float(hp.lr) / (1 - l2gd_p)), clients, mask,
+                        local_epochs=local_epochs, batch_size=batch_size)
+  mask = [True] * len(clients) if mask is None else list(mask)
+  moving = [int(i) for i, moves in zip(clients, mask) if moves]
+  new_personal = [dict(p) for p in personal]
+  if not moving:
+    return dict(shared), new_personal, 0.0
+  counts = [int(data.counts[i]) for i in moving]
+  total = sum(counts)
+  center = {p: sum(c * personal[i][p] for c, i in zip(counts, moving)) / total
+            for p in personal[0]}
+  theta = min(1.0, float(hp.lr) * l2gd_lambda / l2gd_p)
+  loss_sum = 0.0
+  for count, i in zip(counts, moving):
+    logits, _ = forward(personal[i], np.asarray(data.x[i][:count], np.float64))
+    loss_sum += count * cross_entropy(logits, np.asarray(data.y[i][:count]))
+    new_personal[i] = {p: v - theta * (v - center[p]) for p, v in personal[i].items()}
+  return dict(shared), new_personal, loss_sum / total
+
+
+def eval_params(shared: dict, personal: dict, data, i: int, hp=None, *,
+                name: str | None = None, ft_epochs: int = 0, eval_key=None,
+                batch_size: int = 10, **options) -> dict:
+  """The params client i of algorithm `name` is tested with: Ditto its own v, APFL
+  `mixed(server's w, its v)`, Per-FedAvg `adapted(w, all its train rows)`; the others
+  shared + its personal params (SCAFFOLD's without the controls), and with ft_epochs > 0
+  (the "+FT" variants) after fine-tuning the head (body frozen) for ft_epochs on its train
+  data with key fold_in(wrap_key_data(eval_key), i)."""
+  if name == "ditto":
+    return dict(personal)
+  if name == "apfl":
+    return mixed(shared, personal, options["apfl_alpha"])
+  x, y, count = np.asarray(data.x[i], np.float64), np.asarray(data.y[i]), int(data.counts[i])
+  if name == "per-fedavg":
+    return adapted(shared, x[:count], y[:count], options["maml_inner_lr"])
+  params = {p: v for p, v in {**shared, **personal}.items() if not p.startswith(CONTROL)}
   if not ft_epochs:
     return params
   key = jax.random.fold_in(jax.random.wrap_key_data(jnp.asarray(eval_key)), i)
-  params, _ = sgd_epochs(params, head_names(params), np.asarray(data.x[i], np.float64),
-                         np.asarray(data.y[i]), int(data.counts[i]), key, hp, ft_epochs,
+  params, _ = sgd_epochs(params, head_names(params), x, y, count, key, hp, ft_epochs,
                          batch_size)
   return params
 
 
-def evaluate(shared: dict, personal: list[dict], data, hp=None, *, ft_epochs: int = 0,
-             eval_key=None, batch_size: int = 10) -> dict:
+def evaluate(shared: dict, personal: list[dict], data, hp=None, *,
+             name: str | None = None, ft_epochs: int = 0, eval_key=None,
+             batch_size: int = 10, **options) -> dict:
   """test_accuracy (the mean over clients) and test_accuracy_std (their std, ddof 0) of
   every client's accuracy on its first test_counts[i] test rows (0 with none) with its
   `eval_params`."""
   accuracies = []
   for i in range(len(personal)):
-    params = eval_params(shared, personal[i], data, i, hp, ft_epochs=ft_epochs,
-                         eval_key=eval_key, batch_size=batch_size)
+    params = eval_params(shared, personal[i], data, i, hp, name=name, ft_epochs=ft_epochs,
+                         eval_key=eval_key, batch_size=batch_size, **options)
     t = int(data.test_counts[i])
     accuracies.append(accuracy(params, np.asarray(data.x_test[i][:t], np.float64),
                                np.asarray(data.y_test[i][:t])) if t else 0.0)

@@ -4,8 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn.conv import Conv, max_pool2, resolve_impl
-from fedjax_rep.nn.models import MODELS, init_params, make_model
+from fedjax_rep.nn.models import MODELS, Body, init_params, make_model
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -15,16 +16,20 @@ INPUTS = {
     "mlp": (28, 28, 1),
     "digits-mlp": (8, 8, 1),
     "digits-cnn": (8, 8, 1),
+    "synthetic-mlp": (60,),
+    "sent140-lstm": (8,),
 }
 NUM_CLASSES = {"cifar10-cnn": 10, "cifar100-cnn": 100, "mlp": 10, "digits-mlp": 10,
-               "digits-cnn": 10}
+               "digits-cnn": 10, "synthetic-mlp": 10}
 BODY_LAYERS = {
     "cifar10-cnn": ["conv1", "conv2", "fc1", "fc2"],
     "cifar100-cnn": ["conv1", "conv2", "fc1", "fc2"],
     "mlp": ["fc1", "fc2", "fc3"],
     "digits-mlp": ["fc1", "fc2"],
     "digits-cnn": ["conv1", "fc1"],
+    "synthetic-mlp": ["fc1", "fc2"],
 }
+VOCAB, SEQ, HIDDEN = 20, INPUTS["sent140-lstm"][0], 100
 
 
 @pytest.fixture(autouse=True)
@@ -131,7 +136,7 @@ def test_init_params():
   assert not np.any(params["head"]["bias"]) and np.std(params["body"]["fc1"]["kernel"]) > 0
 
 
-@pytest.fixture(scope="module", params=list(INPUTS))
+@pytest.fixture(scope="module", params=list(NUM_CLASSES))
 def model_and_params(request):
   name = request.param
   model = make_model(name)
@@ -151,6 +156,7 @@ def test_param_structure(model_and_params):
                        "fc2": (256, 128)},
       "mlp": {"fc1": (784, 512), "fc2": (512, 256), "fc3": (256, 64)},
       "digits-cnn": {"conv1": (3, 3, 1, 16), "fc1": (144, 64)},
+      "synthetic-mlp": {"fc1": (60, 64), "fc2": (64, 32)},
   }.get(name)
   if expected is not None:
     assert {k: v["kernel"].shape for k, v in params["body"].items()} == expected
@@ -191,3 +197,149 @@ def test_conv_impls_agree_in_model():
   grads = [jax.jit(jax.grad(lambda p: jnp.sum(m.apply({"params": p}, x) * y)))(params)
            for m in models]
   jax.tree.map(_close, *grads)
+
+
+def test_synthetic_mlp_on_vectors():
+  model = make_model("synthetic-mlp")
+  params = init_params(model, jax.random.key(0), (60,))
+  x = _normal(0, (5, 60))
+  h = model.apply({"params": params}, x, method=model.features)
+  assert h.shape == (5, 32) and model.apply({"params": params}, x).shape == (5, 10)
+  with pytest.raises(ValueError, match="example_axes"):
+    Body(convs=(4,), fcs=(), example_axes=1).init(jax.random.key(0), jnp.zeros((1, 6)))
+
+
+# -- Sent140 LSTM ----------------------------------------------------------------------------
+
+
+def _tokens(seed, lengths, seq=SEQ):
+  """Token ids [len(lengths), seq]: random real tokens (1..VOCAB-1), right-padded with 0."""
+  x = np.random.default_rng(seed).integers(1, VOCAB, (len(lengths), seq)).astype(np.int32)
+  x[np.arange(seq) >= np.array(lengths)[:, None]] = 0
+  return x
+
+
+LENGTHS = [8, 3, 1, 0, 5]
+
+
+@pytest.fixture(scope="module")
+def lstm():
+  """(model, params with random biases, jitted (features, logits) of (params, tokens))."""
+  model = make_model("sent140-lstm", vocab_size=VOCAB)
+  params = init_params(model, jax.random.key(0), (SEQ,))
+  for i, layer in enumerate(("lstm1", "lstm2")):
+    params["body"][layer]["bias"] = _normal(i, (4 * HIDDEN,))
+  params["head"]["bias"] = _normal(2, (2,))
+
+  @jax.jit
+  def outputs(params, x):
+    return (model.apply({"params": params}, x, method=model.features),
+            model.apply({"params": params}, x))
+  return model, params, outputs
+
+
+def test_lstm_shapes_and_layers(lstm):
+  model, params, outputs = lstm
+  h, logits = jax.tree.map(np.asarray, outputs(params, _tokens(0, LENGTHS)))
+  assert h.shape == (5, HIDDEN) and logits.shape == (5, 2)
+  assert not np.any(h[3]) and np.all(np.abs(h[[0, 1, 2, 4]]).max(-1) > 0)
+  h, logits = outputs(params, _tokens(0, LENGTHS * 2).reshape(2, 5, SEQ))
+  assert h.shape == (2, 5, HIDDEN) and logits.shape == (2, 5, 2)
+  flat = params_lib.flatten(params)
+  assert params_lib.layers(flat) == ["body/embed", "body/lstm1", "body/lstm2", "head"]
+  assert {k: v.shape for k, v in flat.items() if k.startswith("body/lstm1")} == {
+      "body/lstm1/kernel_i": (50, 4 * HIDDEN), "body/lstm1/kernel_h": (HIDDEN, 4 * HIDDEN),
+      "body/lstm1/bias": (4 * HIDDEN,)}
+  shared = {p for p, label in params_lib.last_layers_shared(2)(flat).items()
+            if label == params_lib.SHARED}
+  assert shared == {p for p in flat if p.startswith(("body/lstm2/", "head/"))}
+  assert model.input_dtype == jnp.int32
+
+
+def test_lstm_ignores_padding(lstm):
+  _, params, outputs = lstm
+  x = _tokens(0, LENGTHS)
+  h, logits = jax.tree.map(np.asarray, outputs(params, x))
+  # same shapes: exactly equal when the padding embedding or other rows change
+  other = {**params, "body": {**params["body"], "embed": {
+      "embedding": params["body"]["embed"]["embedding"].at[0].set(5.0)}}}
+  for got in (outputs(other, x), outputs(params, np.where(np.arange(5)[:, None] == 1, 0, x))):
+    kept = np.array([0, 2, 3, 4])
+    np.testing.assert_array_equal(got[0][kept], h[kept])
+    np.testing.assert_array_equal(got[1][kept], logits[kept])
+  # other lengths: equal up to rounding (other shapes may take other matmul kernels)
+  longer = outputs(params, np.pad(x, ((0, 0), (0, 4))))
+  jax.tree.map(_close, longer, (h, logits))
+  for i, length in enumerate(LENGTHS):
+    if length:
+      jax.tree.map(_close, outputs(params, x[i:i + 1, :length]), (h[i:i + 1], logits[i:i + 1]))
+
+
+def _flax_cell_params(layer):
+  """nn.LSTMCell params of an LSTM layer's {kernel_i, kernel_h, bias} (gates i, f, g, o)."""
+  split = lambda a: np.split(np.asarray(a), 4, axis=-1)
+  cell = {f"i{g}": {"kernel": k} for g, k in zip("ifgo", split(layer["kernel_i"]))}
+  cell.update({f"h{g}": {"kernel": k, "bias": b}
+               for g, k, b in zip("ifgo", split(layer["kernel_h"]), split(layer["bias"]))})
+  return cell
+
+
+def test_lstm_matches_flax_cells(lstm):
+  _, params, outputs = lstm
+  x = _tokens(1, [8, 3, 1, 5, 7])
+  lengths = np.count_nonzero(x, axis=-1)
+  h = np.asarray(params["body"]["embed"]["embedding"])[x]
+  rnn = nn.RNN(nn.LSTMCell(HIDDEN))
+  for layer in ("lstm1", "lstm2"):
+    carry, h = rnn.apply({"params": {"cell": _flax_cell_params(params["body"][layer])}}, h,
+                         seq_lengths=lengths, return_carry=True)
+  _close(outputs(params, x)[0], carry[1])
+
+
+def test_lstm_padding_rows_and_gradients_finite(lstm):
+  model, params, _ = lstm
+  y = _normal(3, (2, 5, 2))
+
+  @jax.jit
+  def value_and_grad(params, x):
+    return jax.value_and_grad(lambda p: jnp.sum(model.apply({"params": p}, x) * y))(params)
+
+  for x in (_tokens(0, LENGTHS * 2).reshape(2, 5, SEQ), np.zeros((2, 5, SEQ), np.int32)):
+    value, grads = value_and_grad(params, x)
+    assert np.isfinite(value) and all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+  assert not np.any(grads["body"]["lstm1"]["kernel_i"])  # padding only: no path to the body
+
+
+def test_lstm_glove_init_and_options():
+  table = _normal(0, (VOCAB, 7))
+  model = make_model("sent140-lstm", vocab_size=VOCAB, embeddings=table)
+  hash(model)
+  params = init_params(model, jax.random.key(0), (SEQ,))
+  np.testing.assert_array_equal(params["body"]["embed"]["embedding"], table)
+  assert params["body"]["lstm1"]["kernel_i"].shape == (7, 4 * HIDDEN)
+  x = _tokens(0, [4, 2])
+  grad = jax.grad(lambda p: jnp.sum(model.apply({"params": p}, x, method=model.features)))(
+      params)["body"]["embed"]["embedding"]
+  used = np.isin(np.arange(VOCAB), x[x != 0])
+  assert np.all(np.abs(grad[used]).max(-1) > 0) and not np.any(grad[~used])
+  assert make_model("sent140-lstm", embeddings=table).body.vocab_size == VOCAB
+  with pytest.raises(ValueError, match="vocab_size"):
+    make_model("sent140-lstm")
+  with pytest.raises(ValueError, match="embeddings"):
+    make_model("sent140-lstm", vocab_size=VOCAB + 1, embeddings=table)
+  with pytest.raises(ValueError, match="embeddings"):
+    make_model("sent140-lstm", embeddings=table[0])
+  with pytest.raises(ValueError, match="token models"):
+    make_model("mlp", vocab_size=VOCAB)
+
+
+def test_lstm_vmapped_over_clients(lstm):
+  model, params, outputs = lstm
+  clients = [jax.tree.map(lambda a, c=c: a * (1 + 0.1 * c), params) for c in range(3)]
+  x = _tokens(0, LENGTHS * 3).reshape(3, 5, SEQ)
+  stacked = jax.tree.map(lambda *a: np.stack(a), *clients)
+  per_client = jax.jit(jax.vmap(outputs))(stacked, x)
+  for c in range(3):
+    jax.tree.map(_close, jax.tree.map(lambda a, c=c: a[c], per_client), outputs(clients[c], x[c]))
+  shared = jax.jit(jax.vmap(outputs, in_axes=(None, 0)))(params, x)
+  jax.tree.map(_close, shared, outputs(params, x))

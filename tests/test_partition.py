@@ -141,3 +141,94 @@ def test_digits_federated_classes():
     classes = set(ys[i, :counts[i]])
     assert len(classes) == 2
     assert set(np.asarray(data.y_test)[i, :test_counts[i]]) <= classes
+
+
+def even_classes(y, y_test, num_clients, classes_per_client, seed):
+  """A copy of `classes` before size_sigma (an even split of each class), to pin
+  size_sigma=0 to it."""
+  names = np.unique(y)
+  rng = np.random.default_rng(seed)
+  slots = (np.arange(num_clients)[:, None] * classes_per_client
+           + np.arange(classes_per_client)) % len(names)
+  held = np.empty((num_clients, classes_per_client), np.int64)
+  held[rng.permutation(num_clients)] = rng.permutation(len(names))[slots]
+  train = [[] for _ in range(num_clients)]
+  test = [[] for _ in range(num_clients)]
+  for c, name in enumerate(names):
+    h = np.flatnonzero((held == c).any(axis=1))
+    if len(h) == 0:
+      continue
+    h = rng.permutation(h)
+    for parts, labels in ((train, y), (test, y_test)):
+      idx = rng.permutation(np.flatnonzero(labels == name))
+      for client, chunk in zip(h, np.array_split(idx, len(h))):
+        parts[client].append(chunk)
+  return [[rng.permutation(np.concatenate(c).astype(np.int64)) for c in parts]
+          for parts in (train, test)]
+
+
+def test_classes_size_sigma_zero_is_the_even_split(labels):
+  expected = even_classes(*labels, CLIENTS, S, seed=0)
+  for size_sigma in ({}, dict(size_sigma=0.0), dict(size_sigma=0)):
+    train, test = partition.partition("classes", *labels, num_clients=CLIENTS, seed=0,
+                                      classes_per_client=S, **size_sigma)
+    assert all(np.array_equal(a, b) for a, b in zip(train + test, expected[0] + expected[1]))
+
+
+@pytest.mark.parametrize("size_sigma", [0.5, 1.0])
+def test_classes_log_normal_sizes(size_sigma):
+  rng = np.random.default_rng(0)
+  y, y_test = rng.integers(0, 10, 100000), rng.integers(0, 10, 10000)
+  clients = 1000  # 200 holders per class: a client's size is about its weight times a constant
+  train, test = partition.classes(y, y_test, clients, S, seed=0, size_sigma=size_sigma)
+  assert_disjoint(train, len(y))
+  assert_disjoint(test, len(y_test))
+  assert sum(map(len, train)) == len(y) and sum(map(len, test)) == len(y_test)
+  held = [set(y[p]) for p in train]
+  assert all(len(h) == S for h in held)
+  assert all(set(y_test[p]) <= h for p, h in zip(test, held))
+  sizes = np.array([len(p) for p in train])
+  test_sizes = np.array([len(p) for p in test])
+  np.testing.assert_allclose(np.log(sizes).std(), size_sigma, rtol=0.15)
+  # Test samples are split by the same weights, so test sizes follow train sizes.
+  assert np.corrcoef(sizes, test_sizes)[0, 1] > 0.95
+  again = partition.classes(y, y_test, clients, S, seed=0, size_sigma=size_sigma)
+  assert all(np.array_equal(a, b) for a, b in zip(train + test, again[0] + again[1]))
+  other, _ = partition.classes(y, y_test, clients, S, seed=1, size_sigma=size_sigma)
+  assert not np.array_equal(sizes, [len(p) for p in other])
+
+
+@pytest.mark.parametrize("size_sigma", [-0.5, float("nan"), float("inf")])
+def test_classes_size_sigma_errors(size_sigma, labels):
+  with pytest.raises(ValueError, match="size_sigma must be a finite number >= 0, got"):
+    partition.partition("classes", *labels, num_clients=CLIENTS, seed=0, size_sigma=size_sigma)
+
+
+def test_classes_size_sigma_property():
+  hypothesis = pytest.importorskip("hypothesis")
+  st = hypothesis.strategies
+
+  @hypothesis.settings(max_examples=60, deadline=None)
+  @hypothesis.given(st.lists(st.integers(0, 5), min_size=1, max_size=60),
+                    st.lists(st.integers(0, 5), max_size=30), st.integers(1, 8),
+                    st.integers(1, 3), st.floats(0.01, 3.0), st.integers(0, 2**32 - 1))
+  def check(y, y_test, num_clients, classes_per_client, size_sigma, seed):
+    y, y_test = np.array(y, np.int64), np.array(y_test, np.int64)
+    num_clients = min(num_clients, len(y))
+    classes_per_client = min(classes_per_client, len(np.unique(y)))
+    try:
+      train, test = partition.classes(y, y_test, num_clients, classes_per_client, seed,
+                                      size_sigma=size_sigma)
+    except ValueError as e:  # Too few samples of a class for its holders.
+      assert "fewer clients" in str(e)
+      return
+    for parts, n in ((train, len(y)), (test, len(y_test))):
+      assert len(parts) == num_clients
+      assert_disjoint(parts, n)
+    assert all(len(set(y[p])) == classes_per_client for p in train)
+    assert all(set(y_test[q]) <= set(y[p]) for p, q in zip(train, test))
+    held = np.unique(y[np.concatenate(train)])
+    assert sum(map(len, train)) == np.isin(y, held).sum()
+    assert sum(map(len, test)) == np.isin(y_test, held).sum()
+
+  check()

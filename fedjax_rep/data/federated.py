@@ -15,7 +15,8 @@ from flax import struct
 class ClientDatasets:
   """Padded per-client datasets.
 
-  x [n, m, *features] (float32), y [n, m] (int32 labels), counts [n] (int32 real samples);
+  x [n, m, *features] (the dtype of the input features: float32 images, int32 token ids),
+  y [n, m] (int32 labels), counts [n] (int32 real samples);
   x_test [n, t, *features], y_test [n, t], test_counts [n] likewise (each client's test
   samples come from its own label distribution). num_classes is static.
   """
@@ -67,12 +68,13 @@ def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
 
 def pad(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], size: int | None = None):
   """(x [n, size, ...], y [n, size], counts [n]) of clients whose samples are the rows
-  `parts[i]` of x [N, ...], y [N]; padding rows are zero. size defaults to the largest part."""
+  `parts[i]` of x [N, ...], y [N]; x keeps its dtype, y becomes int32, padding rows are
+  zero. size defaults to the largest part."""
   counts = np.array([len(p) for p in parts], np.int32)
   size = int(counts.max()) if size is None else size
   if counts.max() > size:
     raise ValueError(f"a client has {counts.max()} samples, more than size={size}")
-  xs = np.zeros((len(parts), size, *x.shape[1:]), np.float32)
+  xs = np.zeros((len(parts), size, *x.shape[1:]), x.dtype)
   ys = np.zeros((len(parts), size), np.int32)
   for i, p in enumerate(parts):
     xs[i, :len(p)] = x[p]

@@ -12,7 +12,8 @@ import numpy as np
 
 PARTITIONS = {
     "classes": "FedRep shards: each client holds classes_per_client classes, each class's "
-               "samples split evenly among its holders",
+               "samples split among its holders evenly, or in proportion to client weights "
+               "~ LogNormal(0, size_sigma)",
     "dirichlet": "each class's samples split over clients by proportions ~ Dir(dirichlet_alpha)",
     "iid": "a uniformly random split into near-equal parts",
 }
@@ -44,14 +45,28 @@ def _gather(chunks: list[list[np.ndarray]], rng: np.random.Generator) -> list[np
   return [rng.permutation(np.concatenate(c).astype(np.int64)) for c in chunks]
 
 
-def classes(train_labels, test_labels, num_clients: int, classes_per_client: int, seed: int):
+def _apportion(n: int, weights: np.ndarray) -> np.ndarray:
+  """Integer sizes [h] summing to n, proportional to weights [h] (largest remainders, ties
+  to the earlier entry); equal weights give np.array_split's sizes."""
+  quotas = n * weights / weights.sum()
+  sizes = np.floor(quotas).astype(np.int64)
+  sizes[np.argsort(sizes - quotas, kind="stable")[:n - sizes.sum()]] += 1
+  return sizes
+
+
+def classes(train_labels, test_labels, num_clients: int, classes_per_client: int, seed: int,
+            size_sigma: float = 0.0):
   """FedRep's shard partition: (train_parts, test_parts), each a list of num_clients arrays.
 
   The clients, in a random order, take classes_per_client consecutive classes each from a
   random cyclic order of the C classes, so every client has distinct classes and every class
-  has floor or ceil(num_clients * classes_per_client / C) holders. A class's shuffled train
-  samples are split as evenly as possible among its holders (in a random order), and so are
-  its test samples, so each client's test set comes from its own classes.
+  has floor or ceil(num_clients * classes_per_client / C) holders. With size_sigma = 0 a
+  class's shuffled train samples are split as evenly as possible among its holders (in a
+  random order), and so are its test samples, so each client's test set comes from its own
+  classes. With size_sigma > 0 each client draws a weight ~ LogNormal(0, size_sigma) and a
+  class's N_c train samples are split as 1 each plus N_c - holders in proportion to its
+  holders' weights, its test samples in proportion to the weights (a holder may get none),
+  so client sizes are log-normal as in FedRep's FEMNIST.
   """
   train_labels, test_labels = _check(train_labels, test_labels, num_clients)
   names, sizes = np.unique(train_labels, return_counts=True)
@@ -59,6 +74,8 @@ def classes(train_labels, test_labels, num_clients: int, classes_per_client: int
       or not 1 <= classes_per_client <= len(names)):
     raise ValueError(f"classes_per_client must be in [1, {len(names)}] (the number of "
                      f"classes in train_labels), got {classes_per_client}")
+  if not size_sigma >= 0 or not np.isfinite(size_sigma):
+    raise ValueError(f"size_sigma must be a finite number >= 0, got {size_sigma}")
   rng = np.random.default_rng(seed)
   slots = (np.arange(num_clients)[:, None] * classes_per_client
            + np.arange(classes_per_client)) % len(names)
@@ -69,15 +86,18 @@ def classes(train_labels, test_labels, num_clients: int, classes_per_client: int
     if size < len(h):
       raise ValueError(f"class {name} has {size} train samples but {len(h)} clients hold it; "
                        f"use fewer clients or fewer classes_per_client")
+  # Drawn only for size_sigma > 0, so that size_sigma = 0 keeps the even split's draws.
+  weights = rng.lognormal(0.0, size_sigma, num_clients) if size_sigma > 0 else np.ones(num_clients)
   train = [[] for _ in range(num_clients)]
   test = [[] for _ in range(num_clients)]
   for name, h in zip(names, holders):
     if len(h) == 0:
       continue
     h = rng.permutation(h)
-    for parts, labels in ((train, train_labels), (test, test_labels)):
+    for parts, labels, least in ((train, train_labels, 1), (test, test_labels, 0)):
       idx = rng.permutation(np.flatnonzero(labels == name))
-      for client, chunk in zip(h, np.array_split(idx, len(h))):
+      shares = least + _apportion(len(idx) - least * len(h), weights[h])
+      for client, chunk in zip(h, np.split(idx, np.cumsum(shares)[:-1])):
         parts[client].append(chunk)
   return _gather(train, rng), _gather(test, rng)
 
@@ -134,13 +154,15 @@ def iid(train_labels, test_labels, num_clients: int, seed: int):
 
 
 def partition(name: str, train_labels, test_labels, *, num_clients: int, seed: int,
-              classes_per_client: int = 2, dirichlet_alpha: float = 0.5):
+              classes_per_client: int = 2, dirichlet_alpha: float = 0.5,
+              size_sigma: float = 0.0):
   """(train_parts, test_parts) of partitioner `name` (a key of PARTITIONS); each is a list of
-  num_clients int64 index arrays. Arguments are checked before any work is done."""
+  num_clients int64 index arrays. classes_per_client and size_sigma are used by 'classes',
+  dirichlet_alpha by 'dirichlet'. Arguments are checked before any work is done."""
   if name not in PARTITIONS:
     raise ValueError(f"partition must be one of {sorted(PARTITIONS)}, got {name!r}")
   if name == "classes":
-    return classes(train_labels, test_labels, num_clients, classes_per_client, seed)
+    return classes(train_labels, test_labels, num_clients, classes_per_client, seed, size_sigma)
   if name == "dirichlet":
     return dirichlet(train_labels, test_labels, num_clients, dirichlet_alpha, seed)
   return iid(train_labels, test_labels, num_clients, seed)

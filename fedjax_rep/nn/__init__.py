@@ -28,4 +28,6 @@ and register it in `registry.py`. The helpers `self.sgd` (epochs of SGD on any l
 any subset of params), `self.train_head` (head epochs on features computed once) and
 `self.features` / `self.logits` / `self.head_logits` do the rest; see `fedrep.py` (two
 phases), `fedavg.py` (fine-tuning before evaluation) and `lg_fedavg.py` (another split).
+State beyond one model goes through `initial_parts` (Ditto, APFL: a second model per
+client; SCAFFOLD: control variates) and `server_update` (SCAFFOLD's control step).
 """

@@ -8,7 +8,12 @@ size; its hyperparameters (`NNHparams`) are traced. Subclasses choose
 - `labels(flat_params)`: the label tree, which parameters are shared and which personal;
 - `client_update(...)`: a client's local training (default: `local_epochs` of SGD on all
   its parameters at once);
-- `eval_params(...)`: what a client evaluates with (default: its shared + personal ones).
+- `eval_params(...)`: what a client evaluates with (default: its shared + personal ones);
+- `initial_parts(flat)`: the state's (shared, one client's personal) parts of the initial
+  model (default: the model split by `labels`; Ditto and APFL keep a second copy, SCAFFOLD
+  adds control variates);
+- `server_update(...)`: how the server combines what the cohort sent (default: the
+  count-weighted mean).
 """
 
 import dataclasses
@@ -101,13 +106,17 @@ class Personalized:
     return (*params_lib.split(trained, self.labels(trained)), loss)
 
   # -- the algorithm ---------------------------------------------------------------------
+  def initial_parts(self, flat: dict) -> tuple[dict, dict]:
+    """(shared, one client's personal) parts of the state for initial model params `flat`."""
+    return params_lib.split(flat, self.labels(flat))
+
   def init(self, key, data, hparams: NNHparams) -> NNState:
     """The model's initial params (one draw: every client starts from the same model)."""
     del hparams
     key_model, key_eval = jax.random.split(key)
-    sample = jnp.zeros((1, *data.x.shape[2:]), jnp.float32)
+    sample = jnp.zeros((1, *data.x.shape[2:]), data.x.dtype)
     flat = params_lib.flatten(self.model.init(key_model, sample)["params"])
-    shared, personal = params_lib.split(flat, self.labels(flat))
+    shared, personal = self.initial_parts(flat)
     personal = jax.tree.map(lambda p: jnp.broadcast_to(p, (data.num_clients, *p.shape)),
                             personal)
     return NNState(shared=shared, personal=personal, eval_key=jax.random.key_data(key_eval))
@@ -135,14 +144,21 @@ class Personalized:
     shared, personal, losses = train.client_map(
         client, (old_personal, clients, keys), self.client_group)
     weights = counts if mask is None else jnp.where(mask, counts, 0.0)
-    sums, total = aggregate.weighted_sum(shared, weights)
-    shared = otu.tree_where(total > 0, aggregate.mean(sums, total), state.shared)
+    shared = self.server_update(state.shared, shared, weights, data.num_clients)
     if mask is not None:
       personal = jax.tree.map(
           lambda new, old: jnp.where(mask.reshape(-1, *[1] * (new.ndim - 1)), new, old),
           personal, old_personal)
     state = state.replace(shared=shared, personal=tree.scatter(state.personal, clients, personal))
     return state, {"train_loss": aggregate.weighted_mean(losses, weights)}
+
+  def server_update(self, shared: dict, sent: dict, weights: jax.Array, num_clients: int):
+    """The server's new shared params from what the cohort sent (`sent`: each client's
+    `client_update` shared output, leaves [c, ...]) with weights [c] (sample counts, 0
+    for masked clients) out of num_clients: the weighted mean (unchanged if no weight)."""
+    del num_clients
+    sums, total = aggregate.weighted_sum(sent, weights)
+    return otu.tree_where(total > 0, aggregate.mean(sums, total), shared)
 
   def eval_params(self, shared: dict, personal: dict, x, y, count, key, hparams) -> dict:
     """The flat params a client is tested with (default: shared + its personal ones)."""

@@ -1,41 +1,117 @@
-"""Image classifiers split into a shared `body` (feature extractor) and a linear `head`.
+"""Classifiers split into a shared `body` (feature extractor) and a linear `head`.
 
 Every model is a `Classifier`, so `params == {'body': {...}, 'head': {'kernel', 'bias'}}`
 and representation-learning methods (FedRep, FedAvg+FT, ...) can treat the two parts
-separately. Body layers are named conv1, conv2, ..., fc1, fc2, ... so that sorting their names
-gives the network order. The CIFAR and MLP architectures follow FedRep's authors' code.
+separately. Each body layer keeps its params directly under one name, and the names sort in
+network order (conv1, conv2, ..., fc1, fc2, ...; embed, lstm1, lstm2), so that
+`params.layers` lists the layers in order. The CIFAR, MLP and Sent140 LSTM architectures
+follow FedRep's authors' code.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_rep.nn.conv import Conv, max_pool2
 
 
 class Body(nn.Module):
-  """Feature extractor [..., H, W, C] -> [..., fcs[-1]].
+  """Feature extractor [..., *example] -> [..., fcs[-1]], where an example has
+  `example_axes` axes: 3 for images [H, W, C], 1 for vectors [D].
 
-  Each entry of `convs` is a VALID kernel_size x kernel_size conv (named conv1, conv2, ...)
-  followed by ReLU and a 2x2 max pool; then the last three axes are flattened and each entry
-  of `fcs` is a dense layer (fc1, fc2, ...) followed by ReLU. With no convs it is an MLP.
+  Each entry of `convs` (images only) is a VALID kernel_size x kernel_size conv (named conv1,
+  conv2, ...) followed by ReLU and a 2x2 max pool; then the example's axes are flattened and
+  each entry of `fcs` is a dense layer (fc1, fc2, ...) followed by ReLU. With no convs it is
+  an MLP.
   """
+  input_dtype: ClassVar[Any] = jnp.float32
   convs: Sequence[int]
   fcs: Sequence[int]
   kernel_size: int = 5
   conv_impl: str = "auto"
+  example_axes: int = 3
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    if self.convs and self.example_axes != 3:
+      raise ValueError(f"convs need image examples (example_axes 3), not {self.example_axes}")
     k = self.kernel_size
     for i, features in enumerate(self.convs):
       x = max_pool2(nn.relu(Conv(features, (k, k), self.conv_impl, name=f"conv{i + 1}")(x)))
-    x = x.reshape(*x.shape[:-3], -1)
+    x = x.reshape(*x.shape[:x.ndim - self.example_axes], -1)
     for i, features in enumerate(self.fcs):
       x = nn.relu(nn.Dense(features, name=f"fc{i + 1}")(x))
     return x
+
+
+def _stacked_orthogonal(key: jax.Array, shape: Sequence[int], dtype=jnp.float32) -> jax.Array:
+  """[H, 4H]: four independent orthogonal [H, H] blocks side by side (one per gate)."""
+  hidden = shape[0]
+  blocks = [nn.initializers.orthogonal()(k, (hidden, hidden), dtype)
+            for k in jax.random.split(key, 4)]
+  return jnp.concatenate(blocks, axis=-1)
+
+
+class LSTM(nn.Module):
+  """One LSTM layer over sequences x [..., L, E] -> hidden states [..., L, features], from
+  zero state. Same cell and init as flax's `nn.LSTMCell` (gates i, f, g, o), but its params
+  are three arrays directly under the layer's name -- kernel_i [E, 4H], kernel_h [H, 4H],
+  bias [4H] -- so that the layer is one entry of `params.layers`. The input projection of
+  all steps is one matmul before the recurrence.
+  """
+  features: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    hidden = self.features
+    kernel_i = self.param("kernel_i", nn.initializers.lecun_normal(), (x.shape[-1], 4 * hidden))
+    kernel_h = self.param("kernel_h", _stacked_orthogonal, (hidden, 4 * hidden))
+    bias = self.param("bias", nn.initializers.zeros_init(), (4 * hidden,))
+
+    def step(carry, gates_x):
+      c, h = carry
+      i, f, g, o = jnp.split(gates_x + h @ kernel_h, 4, axis=-1)
+      c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
+      h = nn.sigmoid(o) * jnp.tanh(c)
+      return (c, h), h
+
+    gates_x = jnp.moveaxis(x @ kernel_i + bias, -2, 0)  # [L, ..., 4H]
+    zeros = jnp.zeros((*x.shape[:-2], hidden), gates_x.dtype)
+    _, hs = jax.lax.scan(step, (zeros, zeros), gates_x)
+    return jnp.moveaxis(hs, 0, -2)
+
+
+class LSTMBody(nn.Module):
+  """Feature extractor of token sequences [..., L] -> [..., hidden] (FedRep's Sent140 model
+  minus its head): embedding `embed` [vocab_size, embed_dim], then `len(lstms)` LSTM layers
+  lstm1, lstm2, ...; the features are the top layer's hidden state at each sequence's last
+  real token.
+
+  Token 0 is padding and sequences are right-padded: a sequence's length is 1 + the index of
+  its last nonzero token, and its features do not depend on anything after it. A sequence of
+  padding only has zero features. Inputs of any dtype are cast to int32.
+  """
+  input_dtype: ClassVar[Any] = jnp.int32
+  vocab_size: int
+  embed_dim: int = 50
+  lstms: Sequence[int] = (100, 100)
+  embed_init: Callable[..., jax.Array] = nn.linear.default_embed_init
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    tokens = x.astype(jnp.int32)
+    positions = jnp.arange(1, tokens.shape[-1] + 1)
+    lengths = jnp.max(jnp.where(tokens != 0, positions, 0), axis=-1)  # [...]
+    h = nn.Embed(self.vocab_size, self.embed_dim, embedding_init=self.embed_init,
+                 name="embed")(tokens)
+    for i, features in enumerate(self.lstms):
+      h = LSTM(features, name=f"lstm{i + 1}")(h)
+    last = jnp.take_along_axis(h, jnp.maximum(lengths - 1, 0)[..., None, None], axis=-2)
+    return jnp.where(lengths[..., None] > 0, last[..., 0, :], 0.0)
 
 
 class Classifier(nn.Module):
@@ -52,12 +128,17 @@ class Classifier(nn.Module):
     self.head = nn.Dense(self.num_classes)
     self.drop = nn.Dropout(self.dropout)
 
+  @property
+  def input_dtype(self):
+    """The dtype of the body's inputs (float32; int32 for token sequences)."""
+    return self.body.input_dtype
+
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-    """Logits [..., num_classes] of inputs x [..., H, W, C]."""
+    """Logits [..., num_classes] of inputs x [..., *example]."""
     return self.logits(self.features(x), train)
 
   def features(self, x: jax.Array) -> jax.Array:
-    """Body output [..., F] of inputs x [..., H, W, C] (deterministic)."""
+    """Body output [..., F] of inputs x [..., *example] (deterministic)."""
     return self.body(x)
 
   def logits(self, h: jax.Array, train: bool = False) -> jax.Array:
@@ -65,13 +146,15 @@ class Classifier(nn.Module):
     return self.head(self.drop(h, deterministic=not train))
 
 
-# name -> (Body fields, default num_classes, dropout rate before the head)
+# name -> (body class, its fields, default num_classes, dropout rate before the head)
 _SPECS = {
-    "cifar10-cnn": (dict(convs=(64, 64), fcs=(120, 64)), 10, 0.0),
-    "cifar100-cnn": (dict(convs=(64, 128), fcs=(256, 128)), 100, 0.6),
-    "mlp": (dict(convs=(), fcs=(512, 256, 64)), 10, 0.0),
-    "digits-mlp": (dict(convs=(), fcs=(64, 32)), 10, 0.0),
-    "digits-cnn": (dict(convs=(16,), fcs=(64,), kernel_size=3), 10, 0.0),
+    "cifar10-cnn": (Body, dict(convs=(64, 64), fcs=(120, 64)), 10, 0.0),
+    "cifar100-cnn": (Body, dict(convs=(64, 128), fcs=(256, 128)), 100, 0.6),
+    "mlp": (Body, dict(convs=(), fcs=(512, 256, 64)), 10, 0.0),
+    "digits-mlp": (Body, dict(convs=(), fcs=(64, 32)), 10, 0.0),
+    "digits-cnn": (Body, dict(convs=(16,), fcs=(64,), kernel_size=3), 10, 0.0),
+    "synthetic-mlp": (Body, dict(convs=(), fcs=(64, 32), example_axes=1), 10, 0.0),
+    "sent140-lstm": (LSTMBody, dict(embed_dim=50, lstms=(100, 100)), 2, 0.0),
 }
 
 MODELS: dict[str, str] = {
@@ -81,19 +164,62 @@ MODELS: dict[str, str] = {
     "mlp": "28x28x1 (EMNIST/FEMNIST): fc 784->512->256->64, head 64->10",
     "digits-mlp": "8x8x1 digits: fc 64->64->32, head 32->10",
     "digits-cnn": "8x8x1 digits: conv 16 3x3, pool, fc 144->64, head 64->10",
+    "synthetic-mlp": "60-vectors (LEAF Synthetic): fc 60->64->32, head 32->10",
+    "sent140-lstm": ("token ids [L] (Sent140, 0 = padding): embed 50 (or GloVe), "
+                     "LSTM 100, LSTM 100, last real token, head 100->2"),
 }
 
 
-def make_model(name: str, num_classes: int | None = None,
-               conv_impl: str = "auto") -> Classifier:
-  """The `Classifier` registered as `name`; num_classes (if given) overrides its default."""
+def _table_init(table: np.ndarray) -> Callable[..., jax.Array]:
+  """An initializer that returns `table` [V, E] (closed over, so that the model stays
+  hashable; a jitted init embeds it as a constant)."""
+
+  def init(key, shape, dtype=jnp.float32):
+    del key
+    if tuple(shape) != table.shape:
+      raise ValueError(f"embedding of shape {tuple(shape)} cannot take a table {table.shape}")
+    return jnp.asarray(table, dtype)
+
+  return init
+
+
+def _token_fields(vocab_size: int | None, embeddings) -> dict:
+  """LSTMBody fields of the vocabulary options of `make_model`."""
+  if embeddings is None:
+    if vocab_size is None:
+      raise ValueError("sent140-lstm needs vocab_size (or embeddings [vocab_size, E])")
+    return dict(vocab_size=vocab_size)
+  table = np.asarray(embeddings, np.float32)
+  if table.ndim != 2 or vocab_size not in (None, table.shape[0]):
+    raise ValueError(f"embeddings must be [vocab_size, E] with vocab_size {vocab_size}, "
+                     f"got shape {table.shape}")
+  return dict(vocab_size=table.shape[0], embed_dim=table.shape[1],
+              embed_init=_table_init(table))
+
+
+def make_model(name: str, num_classes: int | None = None, conv_impl: str = "auto", *,
+               vocab_size: int | None = None, embeddings=None) -> Classifier:
+  """The `Classifier` registered as `name`; num_classes (if given) overrides its default.
+
+  conv_impl: the convs' implementation (conv models). vocab_size: the token ids' range
+  (sent140-lstm; required unless embeddings give it). embeddings: None (random, dimension
+  50) or a pretrained table [vocab_size, E] (e.g. GloVe) that initialises the (trainable)
+  embedding of sent140-lstm.
+  """
   if name not in _SPECS:
     raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
-  fields, default_classes, dropout = _SPECS[name]
-  return Classifier(Body(**fields, conv_impl=conv_impl),
-                    default_classes if num_classes is None else num_classes, dropout)
+  body_cls, fields, default_classes, dropout = _SPECS[name]
+  if body_cls is LSTMBody:
+    body = LSTMBody(**{**fields, **_token_fields(vocab_size, embeddings)})
+  elif vocab_size is not None or embeddings is not None:
+    raise ValueError(f"vocab_size and embeddings are options of token models, not of {name!r}")
+  else:
+    body = Body(**fields, conv_impl=conv_impl)
+  return Classifier(body, default_classes if num_classes is None else num_classes, dropout)
 
 
-def init_params(model: nn.Module, key: jax.Array, input_shape: Sequence[int]):
-  """Initial params of `model` for one example of shape input_shape (no batch axis)."""
-  return jax.jit(model.init)(key, jnp.zeros((1, *input_shape), jnp.float32))["params"]
+def init_params(model: Classifier, key: jax.Array, input_shape: Sequence[int], dtype=None):
+  """Initial params of `model` for one example of shape input_shape (no batch axis) and
+  dtype `dtype` (None: the model's `input_dtype`, int32 for token sequences)."""
+  dtype = model.input_dtype if dtype is None else dtype
+  return jax.jit(model.init)(key, jnp.zeros((1, *input_shape), dtype))["params"]

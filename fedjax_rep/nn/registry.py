@@ -3,11 +3,17 @@
 import dataclasses
 
 from fedjax_rep.core import registry
+from fedjax_rep.nn.apfl import APFL
+from fedjax_rep.nn.ditto import Ditto
 from fedjax_rep.nn.fedavg import FedAvg
 from fedjax_rep.nn.fedper import FedPer
+from fedjax_rep.nn.fedprox import FedProx
 from fedjax_rep.nn.fedrep import FedRep
+from fedjax_rep.nn.l2gd import L2GD
 from fedjax_rep.nn.lg_fedavg import LGFedAvg
 from fedjax_rep.nn.local import Local
+from fedjax_rep.nn.per_fedavg import PerFedAvg
+from fedjax_rep.nn.scaffold import Scaffold
 
 FT_EPOCHS = 10  # FedRep's "+FT": each client fine-tunes the head for 10 epochs
 
@@ -35,20 +41,45 @@ for _name, _summary, _make in [
      "before it is tested", _maker(FedAvg)),
     ("local", "local only: every client trains its own model, no communication",
      _maker(Local)),
+    ("fedprox", "FedProx: FedAvg with a proximal term (prox_mu/2)||w - w_global||^2",
+     _maker(FedProx, ft_epochs=0)),
+    ("fedprox-ft", "FedProx + FT: FedProx, then each client fine-tunes the head before it is "
+     "tested", _maker(FedProx)),
+    ("scaffold", "SCAFFOLD: FedAvg with server and client control variates correcting "
+     "client drift", _maker(Scaffold, ft_epochs=0)),
+    ("scaffold-ft", "SCAFFOLD + FT: SCAFFOLD, then each client fine-tunes the head before it "
+     "is tested", _maker(Scaffold)),
+    ("ditto", "Ditto: FedAvg global model plus personal models pulled to it by "
+     "(ditto_lambda/2)||v - w||^2", _maker(Ditto)),
+    ("apfl", "APFL: personal model apfl_alpha*v + (1-apfl_alpha)*w of a local and the "
+     "global model", _maker(APFL)),
+    ("per-fedavg", "Per-FedAvg (first-order MAML): a global model trained to do well after "
+     "one local step of maml_inner_lr", _maker(PerFedAvg)),
+    ("l2gd", "L2GD: loopless local GD on personal models; averaging rounds with "
+     "probability l2gd_p, penalty l2gd_lambda", _maker(L2GD)),
 ]:
   registry.register("neural", _name, _summary, _make)
 
 ALGORITHMS = registry.ALGORITHMS["neural"]
+# The baselines' hyperparameters, with their defaults (fields of the algorithms' classes).
+OPTIONS = {f.name: f.default for cls in (FedProx, Ditto, APFL, PerFedAvg, L2GD)
+           for f in dataclasses.fields(cls) if f.name in (
+               "prox_mu", "ditto_lambda", "apfl_alpha", "maml_inner_lr", "l2gd_p",
+               "l2gd_lambda")}
 
 
 def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
                    head_epochs: int = 10, batch_size: int = 10, client_group: int | None = 10,
-                   ft_epochs: int = FT_EPOCHS):
-  """The neural algorithm registered as `name` ('fedrep', 'fedper', 'lg-fedavg', 'fedavg',
-  'fedavg-ft', 'local') for `model` (`models.make_model`), with its structure: clients per
-  round, epochs (FedRep: `head_epochs` of the head, then `local_epochs` of the body;
-  FedAvg-FT: `ft_epochs` of head fine-tuning before testing), minibatch size and client
-  group size."""
+                   ft_epochs: int = FT_EPOCHS, **options):
+  """The neural algorithm registered as `name` (see ALGORITHMS) for `model`
+  (`models.make_model`), with its structure: clients per round, epochs (FedRep:
+  `head_epochs` of the head, then `local_epochs` of the body; the "+ft" variants:
+  `ft_epochs` of head fine-tuning before testing), minibatch size, client group size, and
+  the baselines' `options` (each algorithm takes those it has: prox_mu, ditto_lambda,
+  apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda)."""
+  known = set(OPTIONS)
+  if set(options) - known:
+    raise ValueError(f"unknown options {sorted(set(options) - known)}; known: {sorted(known)}")
   return registry.make(name, "neural", model=model, cohort=cohort, local_epochs=local_epochs,
                        head_epochs=head_epochs, batch_size=batch_size,
-                       client_group=client_group, ft_epochs=ft_epochs)
+                       client_group=client_group, ft_epochs=ft_epochs, **options)

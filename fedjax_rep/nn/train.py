@@ -40,6 +40,18 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> j
   return jnp.sum(weights * losses) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
+def gradient_only(term: jax.Array) -> jax.Array:
+  """A loss term that adds the gradient of `term` but 0 to the loss's value (term minus its
+  stop_gradient): regularisers and corrections (FedProx, Ditto, SCAFFOLD) steer training
+  while the reported loss stays the cross-entropy, comparable across algorithms."""
+  return term - jax.lax.stop_gradient(term)
+
+
+def sq_distance(a, b) -> jax.Array:
+  """||a - b||^2 summed over all leaves of two pytrees of the same structure."""
+  return otu.tree_norm(otu.tree_sub(a, b), squared=True)
+
+
 def sgd_epochs(loss_fn: Callable, params, x: jax.Array, y: jax.Array, count: jax.Array,
                key: jax.Array, hparams: NNHparams, *, epochs: int, batch_size: int):
   """`epochs` epochs of minibatch SGD on one client's data; returns (params, mean loss).

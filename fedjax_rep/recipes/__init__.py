@@ -6,4 +6,5 @@ from fedjax_rep.recipes import fedavg_ft_fig1, fedavg_ft_fig3  # noqa: F401  iso
 from fedjax_rep.recipes import flute_fig1, flute_fig3, flute_fig4  # noqa: F401  isort: skip
 from fedjax_rep.recipes import srpfl_linear, srpfl_speedup  # noqa: F401  isort: skip
 from fedjax_rep.recipes import digits_personalized  # noqa: F401  isort: skip
+from fedjax_rep.recipes import table1_synthetic, fedrep_table1  # noqa: F401  isort: skip
 from fedjax_rep.recipes.registry import RECIPES, get, resolve, run, run_to_dir  # noqa: F401

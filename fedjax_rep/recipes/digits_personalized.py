@@ -26,23 +26,13 @@ from fedjax_rep.recipes.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(common.Training):
   num_clients: int = cfg.num_clients(50)
   partition: str = common.partition()
   classes_per_client: int = common.classes_per_client(2)
   dirichlet_alpha: float = common.dirichlet_alpha()
-  rounds: int = cfg.rounds(100)
-  participation: float = cfg.participation(0.1)
-  local_epochs: int = common.local_epochs()
-  head_epochs: int = common.head_epochs()
-  batch_size: int = common.batch_size()
   lr: float = cfg.lr(0.05, "step size of local SGD")
-  momentum: float = common.momentum()
-  weight_decay: float = common.weight_decay()
-  eval_every: int = common.eval_every()
-  seed: int = cfg.seed()
   model: str = cfg.choice("the network", "digits-mlp", ("digits-mlp", "digits-cnn"))
-  client_group: int = common.client_group()
   algorithms: tuple = common.algorithms()
 
   def check(self):
@@ -70,7 +60,8 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   model = models.make_model(config.model, digits.NUM_CLASSES)
   rows = []
   for name in config.algorithms:
-    result = common.trained(unit, name, config, model, datasets, seed_values, progress)
+    result = common.trained(unit, name, name, config, model, datasets,
+                            common.run_keys(seed_values), config.num_clients, progress)
     rows += common.rows(name, seed_values, result)
   return rows
 

@@ -1,6 +1,9 @@
 """What the neural recipes share: configuration fields, runs of an
 algorithm over all seeds as one program, and their metrics.csv rows and summary."""
 
+import dataclasses
+
+import jax
 import numpy as np
 
 from fedjax_rep.core import loop
@@ -65,28 +68,61 @@ def algorithms(default=ALGORITHMS):
   return cfg.choice("algorithms to compare", default, ALGORITHMS, sequence=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Training:
+  """The configuration fields of every neural recipe's training: FedRep's schedule
+  (Section 5.2: r = 0.1, 10 head epochs + `local_epochs` body epochs, SGD lr 0.01 with
+  momentum 0.5 and weight decay 1e-4, batch 10, 100 rounds), evaluation and seeds. A
+  recipe's Config derives from it, adds its data fields and may change defaults."""
+  rounds: int = cfg.rounds(100)
+  participation: float = cfg.participation(0.1)
+  local_epochs: int = local_epochs()
+  head_epochs: int = head_epochs()
+  batch_size: int = batch_size()
+  lr: float = cfg.lr(0.01, "step size of local SGD")
+  momentum: float = momentum()
+  weight_decay: float = weight_decay()
+  eval_every: int = eval_every()
+  seed: int = cfg.seed()
+  client_group: int = client_group()
+
+
 def hparams(config) -> hparams_lib.NNHparams:
   return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay)
 
 
-def trained(unit, name, config, model, data, seed_values, progress):
-  """Cached unit NAME: algorithm `name` on every seed as one vmapped run; metrics
-  [seeds, rounds], eval_rounds [E] and eval metrics [seeds, E]."""
+def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress):
+  """Cached unit `unit_name`: algorithm `name` (its structure and options from `config`,
+  num_clients clients) on every run of `data` (a leading axis of runs, e.g. seeds, with
+  one key of `keys` each) as one vmapped program; metrics [runs, rounds], eval_rounds [E]
+  and eval metrics [runs, E]."""
+  options = {k: getattr(config, k) for k in nn_registry.OPTIONS if hasattr(config, k)}
   algorithm = nn_registry.make_algorithm(
-      name, model=model, cohort=cohort_size(config.num_clients, config.participation),
+      name, model=model, cohort=cohort_size(num_clients, config.participation),
       local_epochs=config.local_epochs, head_epochs=config.head_epochs,
       batch_size=config.batch_size, client_group=config.client_group,
-      ft_epochs=config.head_epochs)
-  keys = shared.seed_keys(seed_values[0], len(seed_values))[:, 2]  # the runs' keys
+      ft_epochs=config.head_epochs, **options)
 
   def compute():
     result = loop.run(algorithm, data, hparams(config), keys, config.rounds,
                       eval_every=config.eval_every, sweep_axes=(0, None, 0),
-                      progress=progress, desc=name)
+                      progress=progress, desc=unit_name)
     return {"metrics": result.metrics, "eval_rounds": result.eval_rounds,
             "eval": result.eval_metrics}
 
-  return unit(name, compute)
+  return unit(unit_name, compute)
+
+
+def run_keys(seed_values) -> jax.Array:
+  """The run keys [seeds] of seeds `seed_values` (consecutive), as every recipe derives them."""
+  return shared.seed_keys(seed_values[0], len(seed_values))[:, 2]
+
+
+def runs(result, start: int, stop: int) -> dict:
+  """The runs start..stop-1 of a `trained` result (eval_rounds are shared)."""
+  pick = lambda tree: jax.tree.map(lambda a: np.asarray(a)[start:stop], tree)
+  return {"metrics": pick(result["metrics"]), "eval_rounds": result["eval_rounds"],
+          "eval": pick(result["eval"])}
 
 
 def rows(name, seed_values, result, **columns):

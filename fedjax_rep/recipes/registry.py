@@ -16,7 +16,7 @@ class Recipe:
   run(config, seeds, unit, progress) -> rows (list of dicts, one per algorithm x seed x round);
   `unit(name, compute)` caches a unit of work (see outputs.RunDir.unit).
   plot(rows, config, path) draws the paper-style figure into `path` (PNG).
-  summarize(rows, config) -> rows of a summary table (summary.csv), or None.
+  summarize(rows, config) -> rows of a summary table (written to `summary_file`), or None.
   """
   name: str
   summary: str
@@ -26,6 +26,7 @@ class Recipe:
   plot: Callable
   default_seeds: int = 1
   summarize: Callable | None = None
+  summary_file: str = "summary.csv"
 
 
 RECIPES: dict[str, Recipe] = {}
@@ -78,8 +79,8 @@ def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(
 
 def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(),
                out: str | None = None, progress: bool = True) -> str:
-  """Runs recipe `name` and writes metrics.csv, config.json, NAME.png (and summary.csv where
-  the recipe has a summary) into `out`.
+  """Runs recipe `name` and writes metrics.csv, config.json, NAME.png (and the summary
+  table, e.g. summary.csv or table1.csv, where the recipe has one) into `out`.
 
   Finished units are saved under out/parts, so running again with the same `out` and
   configuration resumes instead of starting over. Returns the output directory.
@@ -93,7 +94,8 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   rows = recipe.run(config, seeds, unit=run_dir.unit, progress=progress)
   run_dir.write_csv("metrics.csv", rows)
   if recipe.summarize is not None:
-    run_dir.write_csv("summary.csv", recipe.summarize(rows, config), first=("algorithm",))
+    run_dir.write_csv(recipe.summary_file, recipe.summarize(rows, config),
+                      first=("algorithm",))
   outputs.atomic_write(os.path.join(out, f"{name}.png"),
                        lambda f: recipe.plot(rows, config, f))
   return out

@@ -1,0 +1,102 @@
+"""The Table-1 recipes: Synthetic(alpha, beta) outcomes, the real-data recipes on mock data,
+the one-line stop without data, and table1.csv with the paper's numbers."""
+
+import csv
+import time
+
+import numpy as np
+import pytest
+
+import fedjax_rep as fr
+from fedjax_rep import cli
+from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import table1_common as table1
+
+
+def table_by(rows, config, dataset, settings):
+  """{(algorithm, setting index): table row} of table1.table."""
+  out = {}
+  for entry in table1.table(rows, config, dataset, settings):
+    index = next(i for i, s in enumerate(settings) if all(entry[k] == v for k, v in s.items()))
+    out[entry["algorithm"], index] = entry
+  return out
+
+
+def test_paper_table_has_every_algorithm_and_column():
+  assert len(table1.PAPER) == 7
+  for column in table1.PAPER.values():
+    assert set(column) == set(table1.ALGORITHMS)
+    assert all(0 < v < 1 for v in column.values())
+  assert table1.paper_accuracy("cifar10", {"num_clients": 1000, "classes_per_client": 2},
+                               "fedrep") == pytest.approx(0.8327)
+  assert table1.paper_accuracy("sent140", {"num_clients": 183}, "fedper") == pytest.approx(
+      0.7212)
+  assert table1.paper_accuracy("cifar10", {"num_clients": 10, "classes_per_client": 2},
+                               "fedrep") is None
+  assert table1.paper_accuracy("synthetic", {"num_clients": 100}, "fedrep") is None
+
+
+@pytest.mark.parametrize("recipe,env,command", [
+    ("fedrep-table1-cifar10", "TFDS_DATA_DIR", "tfds build cifar10"),
+    ("fedrep-table1-cifar100", "TFDS_DATA_DIR", "tfds build cifar100"),
+    ("fedrep-table1-femnist", "FEDJAX_REP_LEAF_DIR", "preprocess.sh"),
+    ("fedrep-table1-sent140", "FEDJAX_REP_LEAF_DIR", "preprocess.sh"),
+])
+def test_without_data_the_run_stops_at_once_with_the_command(recipe, env, command, tmp_path,
+                                                              monkeypatch, capsys):
+  monkeypatch.setenv(env, str(tmp_path / "empty"))
+  start = time.perf_counter()
+  assert cli.main(["run", recipe, "--no-progress", "--out", str(tmp_path / "out")]) == 2
+  assert time.perf_counter() - start < 5
+  message = capsys.readouterr().err.strip()
+  assert message.count("\n") == 0 and command in message and "needs internet" in message
+  assert not (tmp_path / "out").exists()  # stopped before any work
+
+
+@pytest.mark.parametrize("recipe,items,pattern", [
+    ("table1-synthetic", ["alpha=0,1"], "alpha and beta pair up"),
+    ("table1-synthetic", ["algorithms=fedrep,fedmtl"], "algorithms='fedmtl' is out of range"),
+    ("table1-synthetic", ["l2gd_p=1"], "l2gd_p=1.0 is out of range"),
+    ("fedrep-table1-cifar10", ["num_clients=100", "source=mock"], "num_clients and "
+                                                                  "classes_per_client pair up"),
+])
+def test_config_errors(recipe, items, pattern):
+  with pytest.raises(cfg.ConfigError, match=pattern):
+    fr.run_recipe(recipe, overrides=items, progress=False)
+
+
+@pytest.mark.slow
+def test_table1_synthetic_quick(tmp_path):
+  """FedRep beats FedAvg on Synthetic(1, 1); every accuracy is finite and in [0, 1]. (The
+  CLI's --quick runs all 14 algorithms; here four, to keep CI short: the baselines are
+  checked against their references in test_baselines_reference.py.)"""
+  algorithms = "local,fedavg,l2gd,fedrep"
+  out = cli.main(["run", "table1-synthetic", "--quick", "--no-progress", "--out",
+                  str(tmp_path), "--set", f"algorithms={algorithms}"])
+  assert out == 0
+  with open(tmp_path / "table1.csv") as f:
+    table = list(csv.DictReader(f))
+  assert len(table) == 3 * 4 and {r["paper_test_accuracy"] for r in table} == {""}
+  accuracy = {(r["algorithm"], float(r["alpha"])): float(r["test_accuracy"]) for r in table}
+  assert all(0 <= a <= 1 for a in accuracy.values())
+  assert accuracy["fedrep", 1.0] > accuracy["fedavg", 1.0] + 0.1
+  assert (tmp_path / "table1-synthetic.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe,overrides", [
+    ("fedrep-table1-cifar10", []),
+    ("fedrep-table1-cifar100", ["algorithms=fedrep"]),
+    ("fedrep-table1-femnist", ["algorithms=fedrep"]),
+    ("fedrep-table1-sent140", []),
+])
+def test_real_data_recipes_quick_on_mock_data(recipe, overrides):
+  rows, config = fr.run_recipe(recipe, quick=True, progress=False, overrides=overrides)
+  assert config.source == "mock"
+  from fedjax_rep.recipes import registry
+  summary = registry.get(recipe).summarize(rows, config)
+  assert {r["algorithm"] for r in summary} == set(config.algorithms)
+  for r in summary:
+    assert 0 <= r["test_accuracy"] <= 1 and np.isfinite(r["test_accuracy"])
+  evaluated = [r for r in rows if r.get("test_accuracy") is not None]
+  assert {r["round"] for r in evaluated} == set(range(1, config.rounds + 1))
