@@ -53,8 +53,10 @@ def line(ax, rows, x, y, label, along=None, **where):
             ls="none")
 
 
-def save(fig, file) -> None:
-  fig.tight_layout()
+def save(fig, file, bottom: float = 0.0) -> None:
+  """Lays the figure out (leaving the `bottom` fraction free, e.g. for a figure legend) and
+  writes it to `file` as PNG."""
+  fig.tight_layout(rect=(0, bottom, 1, 1))
   fig.savefig(file, format="png", dpi=120)
 
 

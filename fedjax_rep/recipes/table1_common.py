@@ -174,6 +174,7 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str) -> 
     ax.grid(axis="x", alpha=0.3)
   for ax in axes[len(settings):]:
     ax.set_visible(False)
-  axes[0].legend(fontsize=7, loc="lower right")
+  height = fig.get_figheight()
+  fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
   fig.suptitle(title)
-  plotting.save(fig, file)
+  plotting.save(fig, file, bottom=0.35 / height)
