@@ -100,3 +100,21 @@ def test_real_data_recipes_quick_on_mock_data(recipe, overrides):
     assert 0 <= r["test_accuracy"] <= 1 and np.isfinite(r["test_accuracy"])
   evaluated = [r for r in rows if r.get("test_accuracy") is not None]
   assert {r["round"] for r in evaluated} == set(range(1, config.rounds + 1))
+
+
+@pytest.mark.slow
+def test_flute_table1_quick_on_digits():
+  """FLUTE's recipe on digits: accuracies in [0, 1], the NC2 metrics in metrics.csv for
+  FLUTE only, FLUTE Table 1's numbers only where the paper has the setting (none here)."""
+  rows, config = fr.run_recipe("flute-table1", quick=True, progress=False,
+                               overrides=["algorithms=fedrep,flute", "num_clients=20",
+                                          "classes_per_client=5"])
+  from fedjax_rep.recipes import flute_table1
+  table = flute_table1.summarize(rows, config)
+  assert {r["algorithm"] for r in table} == {"fedrep", "flute"}
+  assert all(0 <= r["test_accuracy"] <= 1 and r["paper_test_accuracy"] == "" for r in table)
+  evaluated = [r for r in rows if r.get("test_accuracy") is not None]
+  assert all(np.isfinite(r["global_nc2"]) and r["global_nc2"] > 0
+             for r in evaluated if r["algorithm"] == "flute")
+  assert not any("global_nc2" in r for r in rows if r["algorithm"] == "fedrep")
+  assert flute_table1.PAPER["cifar10", 100, 5]["flute-star"] == pytest.approx(0.78255)

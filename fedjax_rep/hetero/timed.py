@@ -11,6 +11,10 @@ once), and advances the clock by the slowest kept client's time x local updates 
 - straggler-prone FedRep (`fixed_participants(N, N, T)`): all N every round.
 - fastest n (`fixed_participants(N, n, T)`): the fastest n every round.
 
+`EvaluatedTimed` wraps an algorithm that also has `evaluate` (the neural ones), so that the
+loop evaluates the inner state every `eval_every` rounds: with the doubling schedule it is
+SRPFL around neural FedRep, LG-SRPFL around LG-FedAvg, FLANP(-FT) around FedAvg(-FT).
+
 The schedule n_t and the communication cost C are traced hyperparameters (`TimedHparams`),
 so SRPFL, its baselines and several C are one vmapped program.
 """
@@ -24,7 +28,7 @@ import numpy as np
 from flax import struct
 
 from fedjax_rep.core import cohort as cohort_lib
-from fedjax_rep.core.protocols import MaskedAlgorithm
+from fedjax_rep.core.protocols import Evaluated, MaskedAlgorithm
 from fedjax_rep.hetero import clock, schedule, speeds as speeds_lib
 from fedjax_rep.hetero.speeds import SpeedModel
 
@@ -97,6 +101,21 @@ class Timed:
     metrics = {**metrics, "wall_clock": elapsed,
                "participants": jnp.sum(mask).astype(jnp.float32)}
     return TimedState(inner, state.speed_params, elapsed, state.rounds_done + 1), metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluatedTimed(Timed):
+  """`Timed` around an algorithm with `evaluate`: the inner algorithm's metrics of the inner
+  state (e.g. every client's test accuracy with its own or fine-tuned params)."""
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not isinstance(self.inner, Evaluated):
+      raise TypeError(f"EvaluatedTimed needs an algorithm with evaluate (core.protocols."
+                      f"Evaluated); {type(self.inner).__name__} has none: use Timed")
+
+  def evaluate(self, state: TimedState, data, hparams: TimedHparams) -> dict:
+    return self.inner.evaluate(state.inner, data, hparams.inner)
 
 
 def srpfl_participants(cohort: int, n0: int, num_rounds: int, stage_rounds) -> np.ndarray:

@@ -6,9 +6,11 @@ from fedjax_rep.core import registry
 from fedjax_rep.nn.apfl import APFL
 from fedjax_rep.nn.ditto import Ditto
 from fedjax_rep.nn.fedavg import FedAvg
+from fedjax_rep.nn.fedavg_steps import FedAvgSteps
 from fedjax_rep.nn.fedper import FedPer
 from fedjax_rep.nn.fedprox import FedProx
 from fedjax_rep.nn.fedrep import FedRep
+from fedjax_rep.nn.flute import Flute
 from fedjax_rep.nn.l2gd import L2GD
 from fedjax_rep.nn.lg_fedavg import LGFedAvg
 from fedjax_rep.nn.local import Local
@@ -16,6 +18,7 @@ from fedjax_rep.nn.per_fedavg import PerFedAvg
 from fedjax_rep.nn.scaffold import Scaffold
 
 FT_EPOCHS = 10  # FedRep's "+FT": each client fine-tunes the head for 10 epochs
+STAR_HEAD_EPOCHS = 10  # FLUTE's FedRep* and FLUTE*: 10 head epochs per round (Sec. 7.2)
 
 
 def _maker(cls, **fixed):
@@ -57,29 +60,44 @@ for _name, _summary, _make in [
      "one local step of maml_inner_lr", _maker(PerFedAvg)),
     ("l2gd", "L2GD: loopless local GD on personal models; averaging rounds with "
      "probability l2gd_p, penalty l2gd_lambda", _maker(L2GD)),
+    ("fedavg-steps", "FedAvg with local_steps minibatch SGD steps per round (not epochs): "
+     "one global model", _maker(FedAvgSteps, ft_epochs=0)),
+    ("d-sgd", "D-SGD (mini-batch SGD): FedAvg with one local step per round",
+     _maker(FedAvgSteps, ft_epochs=0, local_steps=1)),
+    ("fedrep-star", "FedRep* (FLUTE Sec. 7.2): FedRep with 10 head epochs per round",
+     _maker(FedRep, head_epochs=STAR_HEAD_EPOCHS)),
+    ("flute", "FLUTE (Alg. 2, Eq. 10): body and head trained together on CE + feature, head "
+     "and neural-collapse penalties; the server averages bodies, then one NC step on the "
+     "cohort's heads", _maker(Flute, head_epochs=0)),
+    ("flute-star", "FLUTE*: FLUTE's joint epochs, then 10 epochs of the head alone (body "
+     "frozen)", _maker(Flute, head_epochs=STAR_HEAD_EPOCHS)),
 ]:
   registry.register("neural", _name, _summary, _make)
 
 ALGORITHMS = registry.ALGORITHMS["neural"]
 # The baselines' hyperparameters, with their defaults (fields of the algorithms' classes).
-OPTIONS = {f.name: f.default for cls in (FedProx, Ditto, APFL, PerFedAvg, L2GD)
+OPTIONS = {f.name: f.default for cls in (FedProx, Ditto, APFL, PerFedAvg, L2GD, Flute)
            for f in dataclasses.fields(cls) if f.name in (
                "prox_mu", "ditto_lambda", "apfl_alpha", "maml_inner_lr", "l2gd_p",
-               "l2gd_lambda")}
+               "l2gd_lambda", "flute_nc", "flute_head_norm", "flute_feature_norm",
+               "flute_server_lr")}
 
 
 def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
                    head_epochs: int = 10, batch_size: int = 10, client_group: int | None = 10,
-                   ft_epochs: int = FT_EPOCHS, **options):
+                   ft_epochs: int = FT_EPOCHS, local_steps: int = 1, **options):
   """The neural algorithm registered as `name` (see ALGORITHMS) for `model`
   (`models.make_model`), with its structure: clients per round, epochs (FedRep:
   `head_epochs` of the head, then `local_epochs` of the body; the "+ft" variants:
-  `ft_epochs` of head fine-tuning before testing), minibatch size, client group size, and
+  `ft_epochs` of head fine-tuning before testing; fedavg-steps: `local_steps` SGD steps
+  per round instead of epochs), minibatch size, client group size, and
   the baselines' `options` (each algorithm takes those it has: prox_mu, ditto_lambda,
-  apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda)."""
+  apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda, flute_nc, flute_head_norm,
+  flute_feature_norm, flute_server_lr)."""
   known = set(OPTIONS)
   if set(options) - known:
     raise ValueError(f"unknown options {sorted(set(options) - known)}; known: {sorted(known)}")
   return registry.make(name, "neural", model=model, cohort=cohort, local_epochs=local_epochs,
                        head_epochs=head_epochs, batch_size=batch_size,
-                       client_group=client_group, ft_epochs=ft_epochs, **options)
+                       client_group=client_group, ft_epochs=ft_epochs,
+                       local_steps=local_steps, **options)

@@ -55,10 +55,12 @@ PAPER = {column: {name: row[j] / 100 for name, row in zip(ALGORITHMS, _TABLE)}
          for j, column in enumerate(_COLUMNS)}
 
 
-def paper_accuracy(dataset: str, setting: dict, algorithm: str) -> float | None:
-  """FedRep Table 1's accuracy (a fraction) of `algorithm` in `setting` of `dataset`, or
-  None where the paper has no such entry."""
-  for (name, n, s), values in PAPER.items():
+def paper_accuracy(dataset: str, setting: dict, algorithm: str,
+                   paper: dict = PAPER) -> float | None:
+  """A paper table's accuracy (a fraction; default FedRep Table 1, {(dataset, n, S):
+  {algorithm: accuracy}}) of `algorithm` in `setting` of `dataset`, or None where the
+  paper has no such entry."""
+  for (name, n, s), values in paper.items():
     if name == dataset and n == setting.get("num_clients") and s == setting.get(
         "classes_per_client", s):
       return values.get(algorithm)
@@ -129,16 +131,16 @@ def run(config, seeds: int, unit, progress, settings: list[dict], dataset, model
   return rows
 
 
-def table(rows, config, dataset: str, settings: list[dict]) -> list[dict]:
+def table(rows, config, dataset: str, settings: list[dict], paper: dict = PAPER) -> list[dict]:
   """table1.csv: per setting and algorithm, the measured test accuracy (the mean over
   seeds of each seed's mean over its last 10 evaluations, and its std over seeds) beside
-  FedRep Table 1's (empty where the paper has none)."""
+  the paper's (`paper`, default FedRep Table 1; empty where the paper has none)."""
   out = []
   for setting in settings:
     selected = plotting.select(rows, **setting)
     for entry in common.summary(selected, config.algorithms):
-      paper = paper_accuracy(dataset, setting, entry["algorithm"])
-      out.append({**setting, **entry, "paper_test_accuracy": "" if paper is None else paper})
+      value = paper_accuracy(dataset, setting, entry["algorithm"], paper)
+      out.append({**setting, **entry, "paper_test_accuracy": "" if value is None else value})
   return out
 
 
@@ -148,10 +150,11 @@ def setting_label(setting: dict) -> str:
   return ", ".join(f"{short.get(k, k)}={v}" for k, v in setting.items())
 
 
-def plot(rows, config, file, dataset: str, settings: list[dict], title: str) -> None:
+def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
+         paper: dict = PAPER, labels: dict = LABELS, paper_name: str = "FedRep Table 1") -> None:
   """One panel per setting: a horizontal bar per algorithm (measured accuracy, its std over
-  seeds as an error bar) with FedRep Table 1's value as a red diamond where it has one."""
-  summary = table(rows, config, dataset, settings)
+  seeds as an error bar) with the paper's value as a red diamond where it has one."""
+  summary = table(rows, config, dataset, settings, paper)
   names = list(config.algorithms)
   columns = min(len(settings), 3)
   grid = -(-len(settings) // columns)
@@ -168,8 +171,8 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str) -> 
              if entries[n]["paper_test_accuracy"] != ""]
     if paper:
       ax.plot([p for _, p in paper], [y for y, _ in paper], "D", color="tab:red", ms=5,
-              label="FedRep Table 1")
-    ax.set_yticks(ys, [LABELS[n] for n in names], fontsize=8)
+              label=paper_name)
+    ax.set_yticks(ys, [labels[n] for n in names], fontsize=8)
     ax.set(xlim=(0, 1), xlabel="test accuracy", title=setting_label(setting))
     ax.grid(axis="x", alpha=0.3)
   for ax in axes[len(settings):]:

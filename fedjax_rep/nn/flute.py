@@ -1,0 +1,111 @@
+"""General FLUTE (Liu, Shen, Yang 2024, Algorithm 2 with the loss of Eq. 10) and FLUTE*:
+shared body, personal heads pulled towards one neural-collapse pattern for all clients.
+
+A sampled client i trains from the server's body and its own head (H_i = 'head/kernel'
+[F, C], b_i = 'head/bias' [C]) on the minibatch loss of Eq. 10,
+
+  CE(H_i^T psi(x) + b_i, y) + l1 mean_x ||psi(x)||^2 + l2 ||H_i||_F^2 + l3 NC_i(H_i),
+
+with psi(x) [F] the body's output, the mean over the minibatch's real rows, NC_i =
+`neural_collapse.nc_term` on the classes of the client's training data (the bias is not
+penalised): first `local_epochs` epochs of body and head together, then `head_epochs`
+epochs of the head alone with the body frozen (FLUTE*; 0 for FLUTE), on the same loss less
+the feature term (it does not depend on the head). The penalties steer the gradient only
+(`train.gradient_only`): the reported loss is the cross-entropy of the joint epochs.
+
+The server averages the bodies weighted by sample counts (as FedRep), then takes one
+gradient step of size `flute_server_lr` w.r.t. the kernels H_i of the c clients that
+trained this round on R = (1/c) sum_i NC_i(H_i) (Alg. 2 line 22; the paper writes
+R = sum_i NC_i, the authors' code the mean, and its step 0.5 is for the mean); every other
+client's head is unchanged.
+
+Defaults, from the authors' code: l3 = flute_nc = 0.25, l2 = flute_head_norm = 0.0025,
+l1 = flute_feature_norm = 0.0005, flute_server_lr = 0.5. Schedules (Sec. 7.2): FLUTE
+trains body and head together for local_epochs (1 on CIFAR-10, 5 on CIFAR-100); FLUTE*
+adds head_epochs = 10 of the head alone. Departures from the authors' code: its feature
+penalty sums ||psi(x)||^2 over a minibatch (l1 times the batch size as a mean), here the
+mean of Eq. 10; its FLUTE* head epochs come before the joint ones, here after them, as
+Sec. 7.2 describes.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_rep.core import aggregate
+from fedjax_rep.nn import neural_collapse as nc
+from fedjax_rep.nn import train
+from fedjax_rep.nn.algorithm import Personalized
+
+KERNEL = "head/kernel"
+
+
+@dataclasses.dataclass(frozen=True)
+class Flute(Personalized):
+  head_epochs: int = 0
+  flute_nc: float = 0.25
+  flute_head_norm: float = 0.0025
+  flute_feature_norm: float = 0.0005
+  flute_server_lr: float = 0.5
+  name: str = "flute"
+
+  def head_penalty(self, head: dict, classes: jax.Array) -> jax.Array:
+    """l2 ||H||_F^2 + l3 NC(H) [] of a head ('head/...', H its kernel [F, C]) whose client
+    has the classes [C] (bool)."""
+    kernel = head[KERNEL]
+    return self.flute_head_norm * jnp.sum(kernel * kernel) + self.flute_nc * nc.nc_term(
+        kernel, classes)
+
+  def client_update(self, shared, personal, x, y, count, key, hparams):
+    classes = nc.class_mask(y, count, personal[KERNEL].shape[-1])
+    key_joint, key_head = jax.random.split(key)
+
+    def joint_loss(params, xb, yb, wb, k):
+      body, head = params
+      h = self.features(body, xb)
+      features = jnp.sum(wb * jnp.sum(h * h, axis=-1)) / jnp.maximum(jnp.sum(wb), 1.0)
+      penalty = self.flute_feature_norm * features + self.head_penalty(head, classes)
+      return (train.cross_entropy(self.head_logits(head, h, k), yb, wb)
+              + train.gradient_only(penalty))
+
+    (body, head), loss = self.sgd(joint_loss, (shared, personal), x, y, count, key_joint,
+                                  hparams, self.local_epochs)
+    if self.head_epochs:
+      def head_loss(p, hb, yb, wb, k):
+        return (train.cross_entropy(self.head_logits(p, hb, k), yb, wb)
+                + train.gradient_only(self.head_penalty(p, classes)))
+
+      head, _ = self.sgd(head_loss, head, self.features(body, x), y, count, key_head,
+                         hparams, self.head_epochs)
+    return body, head, loss
+
+  def nc_step(self, kernels: jax.Array, classes: jax.Array, trained: jax.Array) -> jax.Array:
+    """The server's step: head kernels [c, F, C] of clients with classes [c, C] (bool) after
+    one gradient step of size flute_server_lr on R = the mean of `nc_term` over the clients
+    where trained [c] (bool) is True; the others' kernels are returned unchanged."""
+    def regulariser(k):
+      return aggregate.weighted_mean(jax.vmap(nc.nc_term)(k, classes),
+                                     trained.astype(k.dtype))
+
+    stepped = kernels - self.flute_server_lr * jax.grad(regulariser)(kernels)
+    return jnp.where(trained[:, None, None], stepped, kernels)
+
+  def masked_round(self, state, key, data, hparams, clients, mask=None):
+    """`Personalized.masked_round` (local training, bodies averaged), then `nc_step` on the
+    heads of the clients that trained (clients [c] where mask [c] is True)."""
+    state, metrics = super().masked_round(state, key, data, hparams, clients, mask)
+    _, y, counts = data.batch(key, clients)  # (x unused: dropped under jit)
+    kernels = state.personal[KERNEL]
+    classes = nc.class_mask(y, counts, kernels.shape[-1])
+    trained = jnp.ones(clients.shape, bool) if mask is None else mask
+    stepped = self.nc_step(kernels[clients], classes, trained)
+    return state.replace(personal={**state.personal,
+                                   KERNEL: kernels.at[clients].set(stepped)}), metrics
+
+  def evaluate(self, state, data, hparams) -> dict:
+    """`Personalized.evaluate` and the NC2 metrics of every client's head on the classes of
+    its training data: global_nc2 and local_nc2 (`neural_collapse.nc2_metrics`)."""
+    kernels = state.personal[KERNEL]
+    classes = nc.class_mask(data.y, data.counts, kernels.shape[-1])
+    return {**super().evaluate(state, data, hparams), **nc.nc2_metrics(kernels, classes)}
