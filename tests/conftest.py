@@ -24,3 +24,12 @@ class CompileCounter:
 @pytest.fixture
 def compiles():
   return CompileCounter()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_jax_caches():
+  """Drops compiled programs after each test module: one pytest process compiles
+  hundreds of programs, and keeping them all made XLA:CPU crash while compiling late in
+  the suite (a segfault in backend_compile_and_load)."""
+  yield
+  jax.clear_caches()
