@@ -16,7 +16,6 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import train
@@ -49,9 +48,9 @@ def sgd_steps(loss_fn: Callable, params, x: jax.Array, y: jax.Array, count: jax.
     order = train.epoch_order(jax.random.fold_in(key_order, epoch), count, size)
     rows = jax.lax.dynamic_slice_in_dim(jnp.pad(order, (0, batch_size)), start, batch_size)
     weights = ((start + jnp.arange(batch_size)) < count).astype(jnp.float32)
-    loss, grads = grad_fn(params, x[rows], y[rows], weights, jax.random.fold_in(key_step, s))
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), loss
+    loss, params, opt_state = train.sgd_step(grad_fn, tx, params, opt_state, x[rows], y[rows],
+                                             weights, jax.random.fold_in(key_step, s))
+    return (params, opt_state), loss
 
   (params, _), losses = jax.lax.scan(step, (params, tx.init(params)), jnp.arange(steps))
   return params, jnp.mean(losses)

@@ -52,6 +52,15 @@ def sq_distance(a, b) -> jax.Array:
   return otu.tree_norm(otu.tree_sub(a, b), squared=True)
 
 
+def sgd_step(grad_fn: Callable, tx: optax.GradientTransformation, params, opt_state, x, y,
+             weights, key):
+  """One optimiser step on a minibatch: (loss at params, new params, new opt_state), with
+  grad_fn = jax.value_and_grad of a minibatch loss as `sgd_epochs` takes."""
+  loss, grads = grad_fn(params, x, y, weights, key)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return loss, optax.apply_updates(params, updates), opt_state
+
+
 def sgd_epochs(loss_fn: Callable, params, x: jax.Array, y: jax.Array, count: jax.Array,
                key: jax.Array, hparams: NNHparams, *, epochs: int, batch_size: int):
   """`epochs` epochs of minibatch SGD on one client's data; returns (params, mean loss).
@@ -76,11 +85,11 @@ def sgd_epochs(loss_fn: Callable, params, x: jax.Array, y: jax.Array, count: jax
       start, step_key = inputs
       rows = jax.lax.dynamic_slice_in_dim(order, start, batch_size)
       weights = ((start + jnp.arange(batch_size)) < count).astype(jnp.float32)
-      loss, grads = grad_fn(params, x[rows], y[rows], weights, step_key)
-      updates, new_opt_state = tx.update(grads, opt_state, params)
+      loss, new_params, new_opt_state = sgd_step(grad_fn, tx, params, opt_state, x[rows],
+                                                 y[rows], weights, step_key)
       real = start < count
-      params, opt_state = otu.tree_where(real, (optax.apply_updates(params, updates),
-                                                new_opt_state), (params, opt_state))
+      params, opt_state = otu.tree_where(real, (new_params, new_opt_state),
+                                         (params, opt_state))
       return (params, opt_state, total + jnp.where(real, loss, 0.0)), None
 
     starts = jnp.arange(steps) * batch_size

@@ -35,15 +35,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_rep.core import loop
 from fedjax_rep.core import tree
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import digits, federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import models, representation
 from fedjax_rep.nn import params as params_lib
+from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.nn.algorithm import NNState
-from fedjax_rep.nn.fedavg_steps import FedAvgSteps
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import nn_common as common
 from fedjax_rep.recipes import plotting
@@ -126,22 +125,6 @@ def seed_data(config: Config, seed: int):
   return clients, (x_test, y_test), new
 
 
-def trained(unit, algorithm, data, config: Config, keys, rounds: int, eval_every: int,
-            progress: bool):
-  """Cached unit `algorithm.name`: the algorithm on every seed of `data` as one vmapped
-  program; metrics [S, rounds], eval_rounds [E], eval metrics [S, E] and the final global
-  model (nested params, leaves [S, ...])."""
-
-  def compute():
-    result = loop.run(algorithm, data, common.hparams(config), keys, rounds,
-                      eval_every=eval_every, sweep_axes=(0, None, 0), progress=progress,
-                      desc=algorithm.name)
-    return {"metrics": result.metrics, "eval_rounds": result.eval_rounds,
-            "eval": result.eval_metrics, "model": params_lib.unflatten(result.state.shared)}
-
-  return unit(algorithm.name, compute)
-
-
 @functools.partial(jax.jit, static_argnames=("algorithm", "seen", "epochs"))
 def analyse(algorithm, model, probe_x, probe_y, new, hparams, keys, *, seen: int, epochs: int):
   """Representation and transfer of final global models `model` (flat, leaves [A, S, ...]:
@@ -182,12 +165,14 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   rows, finals = [], []
   for name in LABELS:
     steps = local_steps(name, config)
-    algorithm = FedAvgSteps(model=model, cohort=cohort, batch_size=config.batch_size,
-                            client_group=config.client_group, local_steps=steps, name=name)
+    algorithm = nn_registry.make_algorithm(
+        name, model=model, cohort=cohort, batch_size=config.batch_size,
+        client_group=config.client_group, local_steps=config.local_steps)  # d-sgd: 1 step
     # D-SGD runs tau times the rounds, evaluated at FedAvg's numbers of local updates.
     scale = config.local_steps // steps
-    result = trained(unit, algorithm, clients, config, keys[:, 2], config.rounds * scale,
-                     config.eval_every * scale, progress)
+    result = common.trained_unit(unit, name, algorithm, clients, common.hparams(config),
+                                 keys[:, 2], config.rounds * scale, config.eval_every * scale,
+                                 progress, keep_model=True)
     algorithm_rows = common.rows(name, seed_values, result, local_steps=steps)
     for r in algorithm_rows:
       r["local_updates"] = r["round"] * steps

@@ -10,6 +10,7 @@ from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import hparams as hparams_lib
+from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import shared
@@ -91,26 +92,36 @@ def hparams(config) -> hparams_lib.NNHparams:
   return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay)
 
 
+def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_every,
+                 progress, keep_model=False):
+  """Cached unit `unit_name`: `algorithm` on every run of `data` (a leading axis of runs,
+  e.g. seeds, with one key of `keys` each) as one vmapped program; metrics [runs, rounds],
+  eval_rounds [E], eval metrics [runs, E] and, with keep_model, the final shared params
+  (nested, leaves [runs, ...]) under 'model'."""
+
+  def compute():
+    result = loop.run(algorithm, data, hparams, keys, rounds, eval_every=eval_every,
+                      sweep_axes=(0, None, 0), progress=progress, desc=unit_name)
+    out = {"metrics": result.metrics, "eval_rounds": result.eval_rounds,
+           "eval": result.eval_metrics}
+    if keep_model:
+      out["model"] = params_lib.unflatten(result.state.shared)
+    return out
+
+  return unit(unit_name, compute)
+
+
 def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress):
-  """Cached unit `unit_name`: algorithm `name` (its structure and options from `config`,
-  num_clients clients) on every run of `data` (a leading axis of runs, e.g. seeds, with
-  one key of `keys` each) as one vmapped program; metrics [runs, rounds], eval_rounds [E]
-  and eval metrics [runs, E]."""
+  """`trained_unit` of algorithm `name` (its structure and options from `config`,
+  num_clients clients) for config.rounds rounds."""
   options = {k: getattr(config, k) for k in nn_registry.OPTIONS if hasattr(config, k)}
   algorithm = nn_registry.make_algorithm(
       name, model=model, cohort=cohort_size(num_clients, config.participation),
       local_epochs=config.local_epochs, head_epochs=config.head_epochs,
       batch_size=config.batch_size, client_group=config.client_group,
       ft_epochs=config.head_epochs, **options)
-
-  def compute():
-    result = loop.run(algorithm, data, hparams(config), keys, config.rounds,
-                      eval_every=config.eval_every, sweep_axes=(0, None, 0),
-                      progress=progress, desc=unit_name)
-    return {"metrics": result.metrics, "eval_rounds": result.eval_rounds,
-            "eval": result.eval_metrics}
-
-  return unit(unit_name, compute)
+  return trained_unit(unit, unit_name, algorithm, data, hparams(config), keys, config.rounds,
+                      config.eval_every, progress)
 
 
 def run_keys(seed_values) -> jax.Array:
