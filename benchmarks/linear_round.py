@@ -3,7 +3,10 @@
 One FedRep round over all n clients, with B [d, k] shared:
   Z_i = X_i B;  w_i = (Z_i^T Z_i + lam_i I)^-1 Z_i^T y_i,  lam_i = 1e-6 trace(Z_i^T Z_i) / k + tiny;
   r_i = Z_i w_i - y_i;  g_i = X_i^T r_i w_i^T / m;  B <- B - lr * mean_i g_i.
-In "fresh" mode every client first draws X_i ~ N(0, I) [m, d], y_i = X_i B* w_i* + noise.
+In "fresh" mode every client first draws X_i ~ N(0, I) [m, d], y_i = X_i B* w_i* + noise;
+"fresh-statistics" is the same round with FreshData(sampler="statistics"): each client draws
+only A_i = X_i Q [m, 2k] and y_i in the round's basis Q of span[B, B*] (plus one [d, k] draw per
+round), the same distribution of the round's outputs.
 
 Three implementations of that round, timed in the same process after warm-up/compilation:
   jax      fedjax_rep's `fr.run` (rounds under lax.scan in jit; it also records the train loss
@@ -12,15 +15,21 @@ Three implementations of that round, timed in the same process after warm-up/com
            extrapolated linearly in n);
   batched  numpy on [n, m, d] arrays at once (BLAS matmuls, batched np.linalg.solve).
 The roofline time of a round is the larger of reading X and y once at the measured memory
-bandwidth and 4 n m d k flops at the measured matmul rate; in fresh mode also the time to draw
-n m (d + 1) normals at the measured jax.random.normal rate.
+bandwidth and 4 n m d k flops at the measured matmul rate; in the fresh modes it is the time to
+draw the normals that mode needs at the measured rate of the faster of jax.random.normal and
+fedjax_rep's bit-identical unrolled generator (`linear.normals`): n m (d + 1) (fresh),
+n m (2k + 1) + d k (fresh-statistics), or the compute bound if larger. The numpy baselines of
+both fresh modes draw X_i [m, d] directly.
 
   python benchmarks/linear_round.py            # n in 1000, 10000, 100000
   python benchmarks/linear_round.py --quick    # n in 1000, 10000, fewer repetitions
   python benchmarks/linear_round.py --sizes 1000 50000
+  python benchmarks/linear_round.py --sizes 100000 --json rows.json   # rows: n, mode, ms_per_round,
+                                                                      # fraction_of_roofline, ...
 """
 
 import argparse
+import json
 import math
 import os
 import platform
@@ -33,13 +42,14 @@ import jaxlib
 import numpy as np
 
 import fedjax_rep as fr
+from fedjax_rep.linear import normals
 
 DIM, REP_DIM, SAMPLES = 50, 5, 10  # d, k, m
 NOISE_STD = math.sqrt(1e-3)
 LR = 0.1
 RIDGE = 1e-6  # the heads' relative ridge, as in fedjax_rep.linear.heads
 TINY = np.finfo(np.float32).tiny
-MODES = ("fixed", "fresh")
+MODES = ("fixed", "fresh", "fresh-statistics")
 FULL_SIZES = (1000, 10000, 100000)
 QUICK_SIZES = (1000, 10000)
 TOLERANCE = 1e-4  # relative error in B after one round, numpy vs JAX
@@ -159,20 +169,34 @@ def machine_rates(repeats):
 
 
 def normal_rate(num_clients, repeats):
-  """jax.random.normal samples/s, drawing one round's X [n, m, d] at once."""
-  draw = jax.jit(lambda key: jax.random.normal(key, (num_clients, SAMPLES, DIM)))
+  """Standard normals per second: the faster of jax.random.normal and the bit-identical
+  `fedjax_rep.linear.normals.normal` (Threefry unrolled, what the rounds use), each drawing
+  one round's X [n, m, d] at once."""
+  shape = (num_clients, SAMPLES, DIM)
   key = jax.random.key(0)
-  seconds = seconds_per_call(lambda: draw(key).block_until_ready(), 0.2, repeats)
-  return num_clients * SAMPLES * DIM / seconds
+  rates = []
+  for draw in (jax.random.normal, normals.normal):
+    jitted = jax.jit(lambda key: draw(key, shape))
+    seconds = seconds_per_call(lambda: jitted(key).block_until_ready(), 0.2, repeats)
+    rates.append(math.prod(shape) / seconds)
+  return max(rates)
+
+
+def normals_per_round(num_clients, mode):
+  """Standard normals one round of `mode` draws: X and y, or A [m, 2k], y and H [d, k]."""
+  if mode == "fresh-statistics":
+    return num_clients * SAMPLES * (2 * REP_DIM + 1) + DIM * REP_DIM
+  return num_clients * SAMPLES * (DIM + 1)
 
 
 def roofline_seconds(num_clients, mode, rates, normals_per_s):
-  """(seconds, bound) of the round's lower bound: memory, compute or (fresh) random numbers."""
-  values = num_clients * SAMPLES * (DIM + 1)  # X and y
-  bounds = {"memory": 4 * values / (rates["read_gbs"] * 1e9),
-            "compute": 4 * num_clients * SAMPLES * DIM * REP_DIM / (rates["gflops"] * 1e9)}
-  if mode == "fresh":
-    bounds["rng"] = values / normals_per_s
+  """(seconds, bound) of the round's lower bound: reading X and y once (fixed), drawing the
+  mode's normals (fresh modes), or the flops of X B and X^T R if larger."""
+  bounds = {"compute": 4 * num_clients * SAMPLES * DIM * REP_DIM / (rates["gflops"] * 1e9)}
+  if mode == "fixed":
+    bounds["memory"] = 4 * num_clients * SAMPLES * (DIM + 1) / (rates["read_gbs"] * 1e9)
+  else:
+    bounds["rng"] = normals_per_round(num_clients, mode) / normals_per_s
   bound = max(bounds, key=bounds.get)
   return bounds[bound], bound
 
@@ -189,14 +213,16 @@ class Run(NamedTuple):
   problem: fr.LinearProblem
 
 
-def setup(num_clients, mode):
-  """The JAX run of `num_clients` clients with "fixed" or "fresh" data."""
+def setup(num_clients, mode, block=None):
+  """The JAX run of `num_clients` clients with "fixed", "fresh" or "fresh-statistics" data,
+  in blocks of `block` clients (None: automatic)."""
   problem = fr.make_problem(jax.random.key(0), num_clients, DIM, REP_DIM, NOISE_STD)
   if mode == "fixed":
     data = fr.make_fixed_data(jax.random.key(1), problem, SAMPLES)
   else:
-    data = fr.FreshData(problem, SAMPLES)
-  alg = fr.FedRep(rep_dim=REP_DIM, cohort=num_clients)
+    data = fr.FreshData(problem, SAMPLES,
+                        sampler="statistics" if mode == "fresh-statistics" else "direct")
+  alg = fr.FedRep(rep_dim=REP_DIM, cohort=num_clients, block=block)
   hp = fr.LinearHparams(lr=jnp.float32(LR), head_lr=jnp.float32(LR))
   state = jax.block_until_ready(fr.init_state(alg, data, hp, jax.random.key(2)))
   return Run(alg, data, hp, state, problem)
@@ -238,7 +264,7 @@ def benchmark(run, mode, rates, min_seconds, repeats, max_loop_clients):
                             1) * n / loop_clients
   batched_s = seconds_per_call(batched, min_seconds, repeats)
   jax_s = jax_seconds_per_round(run, min_seconds, repeats)
-  normals_per_s = normal_rate(n, repeats) if mode == "fresh" else None
+  normals_per_s = normal_rate(n, repeats) if mode != "fixed" else None
   roof_s, bound = roofline_seconds(n, mode, rates, normals_per_s)
   return {"n": n, "mode": mode, "jax": jax_s, "loop": loop_s, "batched": batched_s,
           "extrapolated": loop_clients < n, "roofline": roof_s, "bound": bound,
@@ -262,13 +288,13 @@ def machine_info():
 
 def format_table(rows):
   """The results as a fixed-width text table."""
-  header = (f"{'n':>7} {'mode':>5} {'jax ms':>9} {'loop ms':>10} {'batched ms':>10} "
+  header = (f"{'n':>7} {'mode':>16} {'jax ms':>9} {'loop ms':>10} {'batched ms':>10} "
             f"{'x loop':>7} {'x batched':>9} {'roofline ms':>11} {'bound':>7} {'of roof':>7}")
   lines = [header, "-" * len(header)]
   for r in rows:
     loop = f"{r['loop'] * 1e3:.1f}" + ("*" if r["extrapolated"] else "")
     lines.append(
-        f"{r['n']:>7} {r['mode']:>5} {r['jax'] * 1e3:>9.2f} {loop:>10} "
+        f"{r['n']:>7} {r['mode']:>16} {r['jax'] * 1e3:>9.2f} {loop:>10} "
         f"{r['batched'] * 1e3:>10.2f} {r['loop'] / r['jax']:>7.1f} "
         f"{r['batched'] / r['jax']:>9.2f} {r['roofline'] * 1e3:>11.2f} {r['bound']:>7} "
         f"{r['roofline'] / r['jax']:>7.0%}")
@@ -280,6 +306,12 @@ def main():
   parser.add_argument("--quick", action="store_true",
                       help="n in 1000, 10000 only, fewer repetitions (well under a minute)")
   parser.add_argument("--sizes", type=int, nargs="+", help="numbers of clients n to time")
+  parser.add_argument("--modes", nargs="+", choices=MODES, default=MODES,
+                      help="data modes to time (default all)")
+  parser.add_argument("--block", type=int, help="clients per block (default: automatic)")
+  parser.add_argument("--json", metavar="PATH",
+                      help="also write the rows as JSON (n, mode, ms_per_round, "
+                           "fraction_of_roofline, roofline_ms, bound, load_average, ...)")
   args = parser.parse_args()
   sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
   min_seconds, repeats, max_loop_clients = (0.1, 2, 1000) if args.quick else (0.5, 3, 10000)
@@ -292,19 +324,36 @@ def main():
         f"{rates['copy_gbs']:.1f} GB/s (read + write)")
   rows = []
   for n in sizes:
-    for mode in MODES:
-      run = setup(n, mode)
+    for mode in args.modes:
+      run = setup(n, mode, args.block)
       if mode == "fixed" and n == min(sizes):
         error_B, error_update = check_against_numpy(run)
         print(f"check (n={n}, fixed data, 1 round, numpy batched and loop vs JAX): relative "
               f"error of B {error_B:.1e}, of the update B - B0 {error_update:.1e}")
       rows.append(benchmark(run, mode, rates, min_seconds, repeats, max_loop_clients))
-      if mode == "fresh":
-        print(f"n={n}: jax.random.normal {rows[-1]['normals_per_s'] / 1e6:.0f} M samples/s")
+      rows[-1]["load_average"] = os.getloadavg()[0]
+      if mode != "fixed":
+        print(f"n={n} ({mode}): normals {rows[-1]['normals_per_s'] / 1e6:.0f} M "
+              f"samples/s, {normals_per_round(n, mode) / n:.0f} normals per client")
   print()
   print(format_table(rows))
   if any(r["extrapolated"] for r in rows):
     print(f"* loop timed on the first {max_loop_clients} clients, extrapolated linearly in n")
+  loads = ", ".join(f"{r['load_average']:.2f}" for r in rows)
+  print(f"load average (1 min) after each row: {loads}")
+  if args.json:
+    write_json(args.json, rows, rates)
+
+
+def write_json(path, rows, rates):
+  """Writes the rows (times in ms) and the machine's rates to `path`."""
+  records = [{"n": r["n"], "mode": r["mode"], "ms_per_round": r["jax"] * 1e3,
+              "fraction_of_roofline": r["roofline"] / r["jax"], "roofline_ms": r["roofline"] * 1e3,
+              "bound": r["bound"], "loop_ms": r["loop"] * 1e3, "batched_ms": r["batched"] * 1e3,
+              "normals_per_s": r["normals_per_s"], "load_average": r["load_average"]}
+             for r in rows]
+  with open(path, "w") as f:
+    json.dump({"machine": machine_info(), "rates": rates, "rows": records}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ The flat public API; implementation lives in the subpackages.
 
 from fedjax_rep.core.aggregate import weighted_mean, weighted_sum
 from fedjax_rep.core.cohort import cohort_size, sample_cohort
+from fedjax_rep.core.compile_cache import enable as enable_compile_cache
 from fedjax_rep.core.loop import RunResult, evaluate, init_state, run
+from fedjax_rep.core.padding import Padded, PaddedData
 from fedjax_rep.core.protocols import Algorithm, ClientData, Evaluated, MaskedAlgorithm
 from fedjax_rep.core.registry import ALGORITHMS
 from fedjax_rep.data import digits
@@ -24,6 +26,8 @@ from fedjax_rep.linear.flute import Flute, regularizer, regularizer_grads
 from fedjax_rep.linear.heads import fit_models, head_gd, least_squares, solve_spd
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.init import init_representation, method_of_moments
+from fedjax_rep.linear.memory import check as check_memory
+from fedjax_rep.linear.memory import estimate as estimate_memory
 from fedjax_rep.linear.local import fine_tune_error, local_models, new_client_error
 from fedjax_rep.linear.metrics import mean_squared_error, model_error, principal_angle
 from fedjax_rep.linear.problem import (FixedData, FreshData, LinearProblem, PopulationData,

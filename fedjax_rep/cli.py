@@ -1,4 +1,5 @@
-"""The `fedjax-rep` command: `list` recipes and algorithms, `run` a recipe, check `data`."""
+"""The `fedjax-rep` command: `list` recipes and algorithms, `run` a recipe (over a grid of
+settings with `--grid KEY=V1,V2,...`), check `data`."""
 
 import argparse
 import csv
@@ -37,16 +38,29 @@ def _parser() -> argparse.ArgumentParser:
   commands = parser.add_subparsers(dest="command", required=True)
   commands.add_parser("list", help="list recipes and algorithms, one line each")
   commands.add_parser("data", help="datasets: present or missing, where, how to get them")
-  run = commands.add_parser("run", help="run a recipe and write metrics.csv, config.json, PNG")
+  run = commands.add_parser(
+      "run", help="run a recipe (every combination of its --grid) and write metrics.csv, "
+      "config.json, PNG",
+      epilog="example: fedjax-rep run fedrep-fig3 --quick --set num_clients=100 "
+      "--grid lr=0.05,0.1 --grid samples_per_client=5,10 (4 combinations; keys that a "
+      "recipe traces run as one compiled program)")
   run.add_argument("recipe", nargs="?", default=DEFAULT_RECIPE,
                    help=f"recipe name (default: {DEFAULT_RECIPE}); see `fedjax-rep list`")
   run.add_argument("--quick", action="store_true", help="shrunk version that runs in seconds")
   run.add_argument("--seeds", type=int, default=None, help="number of seeds (run as one vmap)")
   run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a configuration field (repeatable)")
+  run.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="sweep a configuration field over these values (repeatable: every "
+                   "combination runs; a list field takes one value at a time); the swept "
+                   "keys and a `grid` label are columns of metrics.csv, and the figure has "
+                   "one line per combination")
   run.add_argument("--out", default=None, help="output directory (default runs/RECIPE-<time>); "
-                   "an existing one with the same configuration is resumed")
+                   "an existing one with the same configuration and grid is resumed")
   run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+  run.add_argument("--no-compile-cache", action="store_true",
+                   help="do not read or write the persistent compilation cache (default: on, "
+                   "in $FEDJAX_REP_CACHE or ~/.cache/fedjax_rep/jax)")
   return parser
 
 
@@ -58,14 +72,17 @@ def main(argv=None) -> int:
   if args.command == "data":
     _data()
     return 0
+  from fedjax_rep.core import compile_cache
   from fedjax_rep.data.missing import DataMissing
   from fedjax_rep.recipes import config as cfg
   from fedjax_rep.recipes import registry
   try:
+    if not args.no_compile_cache:
+      compile_cache.enable()
     out = registry.run_to_dir(args.recipe, quick=args.quick, seeds=args.seeds,
-                              overrides=args.overrides, out=args.out,
+                              overrides=args.overrides, grid=args.grid, out=args.out,
                               progress=not args.no_progress)
-  except (cfg.ConfigError, FileExistsError, DataMissing) as error:
+  except (cfg.ConfigError, FileExistsError, DataMissing, compile_cache.CacheError) as error:
     print(f"fedjax-rep: error: {error}", file=sys.stderr)
     return 2
   summary = os.path.join(out, registry.get(args.recipe).summary_file)

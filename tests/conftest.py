@@ -1,9 +1,16 @@
+import os
+import tempfile
+
 import jax
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
+
+# The CLI switches JAX's persistent compilation cache on: keep it out of the user's cache.
+os.environ["FEDJAX_REP_CACHE"] = tempfile.mkdtemp(prefix="fedjax-rep-test-cache-")
 
 _compiles = []
 jax.monitoring.register_event_duration_secs_listener(
-    lambda name, duration, **kw: _compiles.append(name)
+    lambda name, duration, **kw: _compiles.append(kw.get("fun_name", "?"))
     if name == "/jax/core/compile/backend_compile_duration" else None)
 
 
@@ -16,6 +23,11 @@ class CompileCounter:
   @property
   def count(self) -> int:
     return len(_compiles) - self.start
+
+  @property
+  def names(self) -> list[str]:
+    """The compiled programs' names (e.g. 'jit(_run_chunk)'), in order."""
+    return _compiles[self.start:]
 
   def reset(self):
     self.start = len(_compiles)
@@ -33,3 +45,12 @@ def _fresh_jax_caches():
   the suite (a segfault in backend_compile_and_load)."""
   yield
   jax.clear_caches()
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_cache_after_test():
+  """Switches the persistent compilation cache off again after a test that ran the CLI."""
+  yield
+  if jax.config.jax_compilation_cache_dir is not None:
+    jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()

@@ -93,8 +93,9 @@ def _scan_rounds(algorithm, state, diverged, data, hparams, rounds_key, start, s
 
 @functools.partial(jax.jit, static_argnames=("algorithm", "chunk", "sweep_axes"),
                    donate_argnames=("state", "diverged"))
-def _run_chunk(algorithm, state, diverged, data, hparams, rounds_key, start, stop, *,
+def _run_chunk(algorithm, state, diverged, data, hparams, key, start, stop, *,
                chunk, sweep_axes):
+  rounds_key = _split_keys(key, sweep_axes)[1]
   scan = functools.partial(_scan_rounds, algorithm, chunk=chunk)
   if sweep_axes is not None:
     scan = jax.vmap(scan, in_axes=(0, 0, *sweep_axes, None, None))
@@ -103,6 +104,7 @@ def _run_chunk(algorithm, state, diverged, data, hparams, rounds_key, start, sto
 
 @functools.partial(jax.jit, static_argnames=("algorithm", "sweep_axes"))
 def _init(algorithm, key, data, hparams, *, sweep_axes):
+  key = _split_keys(key, sweep_axes)[0]
   init = algorithm.init
   if sweep_axes is not None:
     data_axis, hparams_axis, key_axis = sweep_axes
@@ -120,8 +122,7 @@ def _evaluate(algorithm, state, data, hparams, *, sweep_axes):
 
 def init_state(algorithm, data, hparams, key, *, sweep_axes=None):
   """The algorithm's initial state from the run key (jitted; vmapped when sweeping)."""
-  init_key = _split_keys(key, sweep_axes)[0]
-  return _init(algorithm, init_key, data, hparams, sweep_axes=sweep_axes)
+  return _init(algorithm, key, data, hparams, sweep_axes=sweep_axes)
 
 
 def evaluate(algorithm, state, data, hparams, *, sweep_axes=None):
@@ -180,9 +181,8 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
   else:  # the chunks donate the state they carry: keep the caller's arrays valid
     state = jax.tree.map(jnp.copy, state)
   state = jax.block_until_ready(state)
-  rounds_key = _split_keys(key, sweep_axes)[1]
   sweep_shape = () if sweep_axes is None else jax.tree.leaves(state)[0].shape[:1]
-  diverged = jnp.zeros(sweep_shape, bool) if diverged is None else jnp.array(diverged, bool)
+  diverged = np.zeros(sweep_shape, bool) if diverged is None else np.array(diverged, bool)
   axis = 0 if sweep_axes is None else 1  # the rounds axis of the metrics
   evaluated = isinstance(algorithm, Evaluated)
   periods = [eval_every] if evaluated and eval_every else []
@@ -196,7 +196,7 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
   while t < num_rounds:
     stop = _next_boundary(t, num_rounds, chunk, *periods)
     (state, diverged), metrics = _run_chunk(
-        algorithm, state, diverged, data, hparams, rounds_key, jnp.asarray(t),
+        algorithm, state, diverged, data, hparams, key, jnp.asarray(t),
         jnp.asarray(stop), chunk=chunk, sweep_axes=sweep_axes)
     metrics = jax.device_get(metrics)
     pieces.append({k: np.take(v, np.arange(stop - t), axis=axis) for k, v in metrics.items()})

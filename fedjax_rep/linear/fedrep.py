@@ -4,21 +4,34 @@ Each round a cohort of clients each computes its head on its batch with B frozen
 least-squares head (`head_steps=None`, FedRep) or `head_steps` gradient steps from its
 previous head (tau GD-GD); then one gradient step on B of (1/2m_i)||X_i B w_i - y_i||^2. The
 server averages the clients' B_i = B - lr * g_i. Heads persist; clients not sampled keep theirs.
+
+A round runs its clients in blocks (`blocks.map_blocks`: a scan over cache-sized blocks
+adding up the aggregation's weighted sums), so each client's data is read or generated
+once and memory is O(block); with `devices` > 1 the clients are split over devices
+(`core.sharding.over_clients`: each device scans its own blocks, one psum). Fresh data with
+sampler="statistics" run the clients in the 2k-dimensional basis of span[B, B*]
+(`fresh_statistics`).
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from fedjax_rep.core import aggregate
 from fedjax_rep.core import cohort as cohort_lib
+from fedjax_rep.core import sharding
 from fedjax_rep.core import tree
+from fedjax_rep.linear import blocks
+from fedjax_rep.linear import fresh_statistics
 from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import init as init_lib
-from fedjax_rep.core import aggregate
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
+
+TRACED_HEAD_STEPS = "traced"  # FedRep.head_steps: read the number from hparams.head_steps
 
 
 @struct.dataclass
@@ -47,53 +60,162 @@ def mean_rep_gradient(X: jax.Array, residual: jax.Array, w: jax.Array,
 
 @dataclasses.dataclass(frozen=True)
 class FedRep:
-  """FedRep family. Structure (static): rep_dim k, cohort size, head_steps, init, QR."""
+  """FedRep family. Structure (static): rep_dim k, cohort size, head_steps, init, QR, and
+  how the client axis runs (block, devices, client_groups).
+
+  head_steps: None for exact least-squares heads (FedRep), an int for that many head GD
+  steps (GD-GD, tau GD-GD), or TRACED_HEAD_STEPS to take it from hparams.head_steps (0:
+  exact), so that runs of all three share one program.
+  block: clients per block (None: sized to the CPU cache, `blocks.block_size`); results do
+  not depend on it beyond float32 round-off.
+  devices: split the clients over this many devices (None or 1: one device); the number
+  of clients must be a multiple of it.
+  client_groups: with partial participation, sample the cohort stratified over this many
+  contiguous groups of clients (`cohort.sample_grouped`), each device drawing its own
+  groups (a multiple of devices; default: devices when devices > 1, else the plain
+  uniform cohort). Fixing it makes 1 and D devices give the same cohorts.
+  """
   rep_dim: int
   cohort: int
   head_steps: int | None = None
   init_method: str = "moments"
   orthonormalize: bool = False
   name: str = "fedrep"
+  block: int | None = None
+  devices: int | None = None
+  client_groups: int | None = None
+
+  def __post_init__(self):
+    blocks.block_size(1, 1, self.block)  # validates block
+    sharding.check_devices(self.devices)
+    groups = self.groups
+    if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int)
+                               or groups < 1 or groups % (self.devices or 1)):
+      raise ValueError(f"client_groups must be a positive multiple of devices="
+                       f"{self.devices or 1}, got {self.client_groups!r}")
+
+  @property
+  def groups(self) -> int | None:
+    """The cohort's client groups: client_groups, else devices when devices > 1."""
+    if self.client_groups is not None:
+      return self.client_groups
+    return self.devices if (self.devices or 1) > 1 else None
 
   def init(self, key, data, hparams: LinearHparams) -> RepState:
     """B0 by `init_method`; heads start at zero."""
     del hparams
-    B = init_lib.init_representation(key, data, self.rep_dim, self.init_method)
-    return RepState(B=B, heads=jnp.zeros((data.num_clients, self.rep_dim), B.dtype))
+    B = init_lib.init_representation(key, data, self.rep_dim, self.init_method,
+                                     block=self.block, devices=self.devices)
+    heads = jnp.zeros((data.num_clients, self.rep_dim), B.dtype)
+    return RepState(B=B, heads=sharding.constrain_clients(heads, self.devices))
 
   def client_heads(self, Z, y, previous, hparams):
     """Heads [c, k] of clients with features Z = X B [c, m, k], labels y [c, m]."""
     if self.head_steps is None:
       return heads_lib.least_squares(Z, y)
-    return jax.vmap(heads_lib.head_gd, in_axes=(0, 0, 0, None, None))(
-        Z, y, previous, hparams.head_lr, self.head_steps)
+    steps = hparams.head_steps if self.head_steps == TRACED_HEAD_STEPS else self.head_steps
+    gd = jax.vmap(heads_lib.head_gd, in_axes=(0, 0, 0, None, None))(
+        Z, y, previous, hparams.head_lr, steps)
+    if self.head_steps != TRACED_HEAD_STEPS:
+      return gd
+    return jnp.where(steps == 0, heads_lib.least_squares(Z, y), gd)
 
   def round(self, state: RepState, key, data, hparams: LinearHparams):
     key_cohort, key_data = jax.random.split(key)
-    clients = cohort_lib.sample_cohort(key_cohort, data.num_clients, self.cohort)
+    n = data.num_clients
+    if self.cohort == n:
+      return self._round(state, key_data, data, hparams, "all")
+    if self.groups is not None:
+      return self._round(state, key_data, data, hparams, "grouped", key_cohort)
+    clients = cohort_lib.sample_cohort(key_cohort, n, self.cohort)
     return self.masked_round(state, key_data, data, hparams, clients)
 
   def masked_round(self, state: RepState, key, data, hparams: LinearHparams, clients,
                    mask=None):
     """One round of the clients `clients` [c] where `mask` [c] (bool; default all) is True:
     only they update their heads and enter the server's average (static shapes: the
-    cohort keeps its size c whatever the mask). `key` draws the batches."""
-    X, y = data.batch(key, clients)
-    Z = jnp.einsum("cmd,dk->cmk", X, state.B)
-    previous = tree.gather(state.heads, clients)
-    w = self.client_heads(Z, y, previous, hparams)
-    if mask is not None:
-      w = jnp.where(mask[:, None], w, previous)
-    residual = jnp.einsum("cmk,ck->cm", Z, w) - y
-    counts = data.sample_counts(clients)
-    B = state.B - hparams.lr * mean_rep_gradient(X, residual, w, counts, mask)
+    cohort keeps its size c whatever the mask). `key` draws the batches. One device only."""
+    if (self.devices or 1) > 1:
+      raise ValueError(f"masked_round runs on one device; FedRep(devices={self.devices}) "
+                       f"samples its cohort per device in `round`")
+    return self._round(state, key, data, hparams, "given", (clients, mask))
+
+  def _round(self, state: RepState, key, data, hparams, mode: str, cohort=None):
+    """The round with clients chosen by `mode`: "all" (full participation, contiguous
+    blocks), "grouped" (cohort = `cohort_lib.sample_grouped` with key `cohort`) or "given"
+    (cohort = (clients [c], mask [c] or None))."""
+    basis = data.basis(state.B)
+    key_outside = None
+    if basis is not None:
+      key, key_outside = jax.random.split(key)
+    coords = state.B if basis is None else basis.T @ state.B
+    sums, heads = sharding.over_clients(
+        functools.partial(self._clients, mode=mode), self.devices, data.num_clients,
+        (data, state.heads), lambda spec: (data.client_specs(spec), spec),
+        (key, basis, coords, hparams, cohort))
+    gradient = sums["gradient"]
+    if basis is not None:
+      gradient = basis @ gradient + fresh_statistics.outside_gradient(
+          key_outside, basis, sums["outside"])
+    B = state.B - hparams.lr * aggregate.mean(gradient, sums["weight"])
     if self.orthonormalize:
       B = jnp.linalg.qr(B)[0]
-    state = RepState(B=B, heads=tree.scatter(state.heads, clients, w))
-    losses = 0.5 * jnp.sum(residual ** 2, axis=1) / counts
-    train_loss = jnp.mean(losses) if mask is None else aggregate.weighted_mean(
-        losses, mask.astype(losses.dtype))
+    state = RepState(B=B, heads=heads)
+    train_loss = aggregate.mean(sums["loss"], sums["weight"])
     return state, round_metrics(B, lambda: self.personal_models(state, data), data, train_loss)
+
+  def _clients(self, index, client_args, shared, *, mode):
+    """(sums, new heads [n_local, k]) of one device's clients (index: its mesh position):
+    sums["gradient"] [p, k] = sum_i mask_i (1/m_i) V_i^T r_i w_i^T in the round's basis,
+    "loss" = sum_i mask_i (1/2m_i)||r_i||^2, "weight" = sum_i mask_i, and with a basis
+    "outside" (`fresh_statistics.residual_statistic`)."""
+    data, heads = client_args
+    key, basis, coords, hparams, cohort = shared
+    n = data.num_clients
+    offset = index * n
+
+    def one_block(clients, previous, mask, contiguous):
+      V, y = data.design(key, clients, basis, offset=offset, contiguous=contiguous)
+      counts = data.sample_counts(clients)
+      Z = jnp.einsum("cmp,pk->cmk", V, coords)
+      w = self.client_heads(Z, y, previous, hparams)
+      weights = jnp.ones(clients.shape, Z.dtype) if mask is None else mask.astype(Z.dtype)
+      if mask is not None:
+        w = jnp.where(mask[:, None], w, previous)
+      residual = jnp.einsum("cmk,ck->cm", Z, w) - y
+      scaled = residual / counts[:, None]
+      gradient, total = aggregate.weighted_einsum("cmp,cm,ck->pk", weights, V, scaled, w)
+      losses = 0.5 * jnp.sum(residual * scaled, axis=1)
+      sums = {"gradient": gradient, "loss": jnp.sum(weights * losses), "weight": total}
+      if basis is not None:
+        sums["outside"] = fresh_statistics.residual_statistic(weights, scaled, w)
+      return sums, w
+
+    client_bytes = 4 * data.samples * (coords.shape[0] + 1)  # one client's V and y
+    if mode == "all":
+      def full(start, size, parts):
+        return one_block(start + jnp.arange(size), parts[0], None, True)
+
+      return blocks.map_blocks(full, n, blocks.block_size(n, client_bytes, self.block), (heads,))
+    if mode == "grouped":
+      local_groups = self.groups // (self.devices or 1)
+      group_ids = index * local_groups + jnp.arange(local_groups)
+      clients = cohort_lib.sample_grouped(cohort, n * (self.devices or 1), self.cohort,
+                                          self.groups, group_ids) - offset
+      mask = None
+    else:
+      clients, mask = cohort
+    mask_or_all = jnp.ones(clients.shape, bool) if mask is None else mask
+
+    def gathered(start, size, parts):
+      del start
+      ids, previous, block_mask = parts
+      return one_block(ids, previous, None if mask is None else block_mask, False)
+
+    sums, w = blocks.map_blocks(
+        gathered, clients.shape[0], blocks.block_size(clients.shape[0], client_bytes, self.block),
+        (clients, tree.gather(heads, clients), mask_or_all))
+    return sums, tree.scatter(heads, clients, w)
 
   def personal_models(self, state: RepState, data) -> jax.Array:
     """theta_i = B w_i [n, d]. With fixed local data each client refits its head on its own

@@ -3,6 +3,8 @@
 import jax
 import jax.numpy as jnp
 
+from fedjax_rep.core import sharding
+from fedjax_rep.linear import blocks
 from fedjax_rep.linear.problem import orthonormal
 
 
@@ -17,7 +19,40 @@ def method_of_moments(X: jax.Array, y: jax.Array, rep_dim: int,
   weights = y ** 2 if counts is None else y ** 2 * (m / counts)[:, None]
   flat_x = X.reshape(-1, d)
   moments = flat_x.T @ (flat_x * weights.reshape(-1, 1)) / (n * m)
+  return top_eigenvectors(moments, rep_dim)
+
+
+def top_eigenvectors(moments: jax.Array, rep_dim: int) -> jax.Array:
+  """The eigenvectors [d, k] of the k largest eigenvalues of symmetric `moments` [d, d]."""
   return jnp.linalg.eigh(moments)[1][:, ::-1][:, :rep_dim]
+
+
+def moment_matrix(key: jax.Array, data, block: int | None = None,
+                  devices: int | None = None) -> jax.Array:
+  """(1/n) sum_i (1/m_i) sum_j y_ij^2 x_ij x_ij^T [d, d] over one batch of every client.
+
+  Streamed over blocks of `block` clients (None: sized to the cache, `blocks.block_size`)
+  and, with `devices` > 1, over the devices' shards of the clients: memory O(block), never
+  O(n m d). Fresh data draw the same samples as `data.batch(key, arange(n))`.
+  """
+  n_total, m, d = data.num_clients, data.samples, data.dim
+
+  def on_device(index, data, shared):
+    del shared
+    n = data.num_clients
+
+    def one_block(start, size, parts):
+      del parts
+      clients = start + jnp.arange(size)
+      X, y = data.design(key, clients, None, offset=index * n, contiguous=True)
+      weights = y ** 2 * (m / data.sample_counts(clients))[:, None]
+      flat = X.reshape(-1, d)
+      return flat.T @ (flat * weights.reshape(-1, 1)), None
+
+    return blocks.map_blocks(one_block, n, blocks.block_size(n, 4 * m * (d + 1), block))
+
+  sums, _ = sharding.over_clients(on_device, devices, n_total, data, data.client_specs, ())
+  return sums / (n_total * m)
 
 
 def gaussian_scale(dim: int) -> float:
@@ -28,15 +63,19 @@ def gaussian_scale(dim: int) -> float:
 METHODS = ("moments", "random", "random-scaled", "gaussian")
 
 
-def init_representation(key: jax.Array, data, rep_dim: int, method: str, lr=None) -> jax.Array:
-  """B0 [d, k]: 'moments' uses one batch from every client of `data`; 'random' is a random
+def init_representation(key: jax.Array, data, rep_dim: int, method: str, lr=None,
+                        block: int | None = None, devices: int | None = None) -> jax.Array:
+  """B0 [d, k]: 'moments' uses one batch from every client of `data` (`moment_matrix`,
+  in blocks of `block` clients over `devices` devices); 'random' is a random
   orthonormal matrix; 'random-scaled' is that divided by sqrt(lr), so that sqrt(lr) B0 is
   orthonormal (FedAvg-FT Theorem 1: ||I - lr B0^T B0|| = 0); 'gaussian' has i.i.d.
   N(0, alpha^2) entries with FLUTE's alpha = 1/(10 d)."""
   if method == "moments":
-    clients = jnp.arange(data.num_clients)
-    X, y = data.batch(key, clients)
-    return method_of_moments(X, y, rep_dim, data.sample_counts(clients))
+    if not hasattr(data, "design"):  # data without blocks: all clients at once
+      clients = jnp.arange(data.num_clients)
+      X, y = data.batch(key, clients)
+      return method_of_moments(X, y, rep_dim, data.sample_counts(clients))
+    return top_eigenvectors(moment_matrix(key, data, block, devices), rep_dim)
   if method == "gaussian":
     return gaussian_scale(data.dim) * jax.random.normal(key, (data.dim, rep_dim))
   if method == "random":

@@ -8,15 +8,23 @@ clients)`, `refit_models(B)` and `model_metrics(theta_fn)`:
 - `FixedData`: a fixed local dataset per client (X [n, m, d], y [n, m]); optional held-out
   test samples. Also how users bring their own data (`client_data`).
 - `FreshData`: every time a client is sampled it draws m fresh samples, generated on the
-  device from the round key (FedRep Algorithm 2). Memory is O(cohort), not O(rounds).
+  device from the round key (FedRep Algorithm 2). Memory is O(block of clients), not
+  O(rounds) nor O(clients x samples). sampler="statistics" draws only what a FedRep round
+  uses (`fresh_statistics`), exactly in distribution.
+
+FixedData and FreshData also give blocked rounds their clients' designs (`design`: data in
+the round's `basis`) and the partition of their leaves over devices (`client_specs`).
 """
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import PartitionSpec
 
+from fedjax_rep.linear import fresh_statistics
 from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import metrics as metrics_lib
+from fedjax_rep.linear import normals
 
 
 @struct.dataclass
@@ -58,15 +66,16 @@ def sample(key: jax.Array, B_star: jax.Array, heads: jax.Array, noise_std, num_s
   """Samples X [c, m, d], y [c, m] of c clients with ground-truth heads `heads` [c, k].
 
   y = x^T B_star head + noise_std * N(0, 1), x ~ N(0, I_d). Client j's samples are seeded by
-  fold_in(key, ids[j]) (ids default to 0..c-1), so they do not depend on the other clients.
+  fold_in(key, ids[j]) (ids default to 0..c-1), so they do not depend on the other clients;
+  the normals are jax.random.normal's, bit for bit (`normals.normal`).
   """
   ids = jnp.arange(heads.shape[0]) if ids is None else ids
   dim = B_star.shape[0]
 
   def one(client_id, head):
     key_x, key_e = jax.random.split(jax.random.fold_in(key, client_id))
-    x = jax.random.normal(key_x, (num_samples, dim))
-    return x, x @ (B_star @ head) + noise_std * jax.random.normal(key_e, (num_samples,))
+    x = normals.normal(key_x, (num_samples, dim))
+    return x, x @ (B_star @ head) + noise_std * normals.normal(key_e, (num_samples,))
 
   return jax.vmap(one)(ids, heads)
 
@@ -118,6 +127,27 @@ class FixedData:
       return self.X, self.y
     return self.X[clients], self.y[clients]
 
+  def basis(self, B: jax.Array) -> None:
+    """None: a round works on the clients' data in R^d."""
+    del B
+
+  def design(self, key: jax.Array, clients: jax.Array, basis: None, offset=0,
+             contiguous: bool = False):
+    """(X [c, m, d], y [c, m]) of clients `clients` [c] (local indices; `offset` unused).
+    contiguous=True: clients are clients[0] + arange(c), read as a slice (no gather)."""
+    del key, basis, offset
+    if not contiguous:
+      return self.X[clients], self.y[clients]
+    size = clients.shape[0]
+    return (jax.lax.dynamic_slice_in_dim(self.X, clients[0], size),
+            jax.lax.dynamic_slice_in_dim(self.y, clients[0], size))
+
+  def client_specs(self, spec: PartitionSpec) -> "FixedData":
+    """The data with `spec` at its per-client leaves and P() (replicated) at B_star."""
+    per_client = {name: None if getattr(self, name) is None else spec
+                  for name in ("X", "y", "X_test", "y_test", "counts", "models")}
+    return self.replace(**per_client, B_star=None if self.B_star is None else PartitionSpec())
+
   def refit_models(self, B: jax.Array) -> jax.Array:
     """theta_i = B w_i [n, d] with each client's least-squares head on its own data for B."""
     return heads_lib.fit_models(self.X, self.y, B)
@@ -162,10 +192,25 @@ class ProblemData:
     return {}
 
 
+SAMPLERS = ("direct", "statistics")
+
+
 @struct.dataclass
 class FreshData(ProblemData):
-  """Fresh samples per round from `problem`: `samples` (m) per sampled client."""
+  """Fresh samples per round from `problem`: `samples` (m) per sampled client.
+
+  sampler (static): "direct" draws X [m, d] and y (the reference); "statistics" lets
+  FedRep rounds draw only A = X Q [m, 2k] and y in the round's basis Q of span[B, B*] plus
+  one [d, k] draw per round (`fresh_statistics`): the same distribution of the round's
+  outputs with m(2k+1) normals per client instead of m(d+1). `batch` (other algorithms,
+  the initialisation) always samples directly.
+  """
   samples: int = struct.field(pytree_node=False)
+  sampler: str = struct.field(pytree_node=False, default="direct")
+
+  def __post_init__(self):
+    if self.sampler not in SAMPLERS:
+      raise ValueError(f"FreshData sampler must be one of {SAMPLERS}, got {self.sampler!r}")
 
   def sample_counts(self, clients: jax.Array) -> jax.Array:
     return jnp.full(clients.shape, self.samples, jnp.float32)
@@ -177,6 +222,34 @@ class FreshData(ProblemData):
     each of their consumers (which would draw them twice per round).
     """
     return jax.lax.optimization_barrier(sample_clients(key, self.problem, clients, self.samples))
+
+  def basis(self, B: jax.Array) -> jax.Array | None:
+    """The round's basis: Q [d, 2k] containing span[B, B*] ("statistics"), else None."""
+    if self.sampler == "direct":
+      return None
+    return fresh_statistics.basis(B, self.problem.B_star)
+
+  def design(self, key: jax.Array, clients: jax.Array, basis: jax.Array | None, offset=0,
+             contiguous: bool = False):
+    """Fresh (V [c, m, p], y [c, m]) of clients `clients` [c] (local indices; client ids
+    offset + clients seed them by fold_in(key, id)): V = X [c, m, d] (basis None, the
+    samples of `batch`) or V = X Q [c, m, p] drawn directly (`fresh_statistics.sample`)."""
+    problem = self.problem
+    heads = (jax.lax.dynamic_slice_in_dim(problem.W_star, clients[0], clients.shape[0])
+             if contiguous else problem.W_star[clients])
+    ids = clients + offset
+    if basis is None:
+      drawn = sample(key, problem.B_star, heads, problem.noise_std, self.samples, ids)
+    else:
+      drawn = fresh_statistics.sample(key, basis.T @ problem.B_star, heads, problem.noise_std,
+                                      self.samples, ids)
+    return jax.lax.optimization_barrier(drawn)
+
+  def client_specs(self, spec: PartitionSpec) -> "FreshData":
+    """The data with `spec` at the heads W* and P() (replicated) elsewhere."""
+    replicated = PartitionSpec()
+    return self.replace(problem=LinearProblem(B_star=replicated, W_star=spec,
+                                              noise_std=replicated))
 
 
 @struct.dataclass
@@ -200,15 +273,21 @@ class PopulationData(ProblemData):
     return Targets(theta_star=self.problem.W_star[clients] @ self.problem.B_star.T)
 
 
+_sample_clients = jax.jit(sample_clients, static_argnums=3)
+
+
 def make_fixed_data(key: jax.Array, problem: LinearProblem, samples: int,
                     test_samples: int = 0) -> FixedData:
-  """A fixed dataset of `samples` per client drawn from `problem` (+ `test_samples` held out)."""
+  """A fixed dataset of `samples` per client drawn from `problem` (+ `test_samples` held out).
+
+  Drawn in one compiled program: its peak memory is the dataset's, not that of the
+  generator's [n, m, d] temporaries of op-by-op execution (~4x)."""
   key_train, key_test = jax.random.split(key)
   clients = jnp.arange(problem.num_clients)
-  X, y = sample_clients(key_train, problem, clients, samples)
+  X, y = _sample_clients(key_train, problem, clients, samples)
   X_test = y_test = None
   if test_samples:
-    X_test, y_test = sample_clients(key_test, problem, clients, test_samples)
+    X_test, y_test = _sample_clients(key_test, problem, clients, test_samples)
   return FixedData(X=X, y=y, X_test=X_test, y_test=y_test, B_star=problem.B_star)
 
 

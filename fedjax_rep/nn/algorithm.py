@@ -13,7 +13,17 @@ size; its hyperparameters (`NNHparams`) are traced. Subclasses choose
   model (default: the model split by `labels`; Ditto and APFL keep a second copy, SCAFFOLD
   adds control variates);
 - `server_update(...)`: how the server combines what the cohort sent (default: the
-  count-weighted mean).
+  count-weighted mean), its sums formed by `cohort_sum`.
+
+With `devices` set, the round runs with the client axis sharded over that many devices
+(`shard_map` over `core.sharding.client_mesh`): device d holds the contiguous shard
+[d n/D, (d+1) n/D) of the clients' data and personal params, the shared params are
+replicated, the cohort is drawn stratified over `cohort_groups` contiguous groups of
+clients (`cohort.sample_grouped`), each device drawing, training (the local vmap over
+client groups) and updating only its own groups' clients, and the server's weighted sums
+are combined by one `psum` over the devices (`cohort_sum`). The groups, not the devices,
+fix the cohorts, so any device count that divides `cohort_groups` gives the numbers of
+devices=None with the same `cohort_groups` (up to float32 summation order).
 """
 
 import dataclasses
@@ -22,10 +32,12 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec
 from optax import tree_utils as otu
 
 from fedjax_rep.core import aggregate
 from fedjax_rep.core import cohort as cohort_lib
+from fedjax_rep.core import sharding
 from fedjax_rep.core import tree
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import train
@@ -42,6 +54,12 @@ class NNState:
   eval_key: jax.Array
 
 
+# Leading (client) axis split over the client mesh's devices; how an NNState lies on the mesh
+# (personal params split by client, the rest replicated: a pytree prefix, as shard_map takes).
+BY_CLIENT = PartitionSpec(sharding.CLIENTS)
+STATE_SPECS = NNState(shared=PartitionSpec(), personal=BY_CLIENT, eval_key=PartitionSpec())
+
+
 @dataclasses.dataclass(frozen=True)
 class Personalized:
   """Base of the neural algorithms (see the module docstring).
@@ -49,7 +67,13 @@ class Personalized:
   model: a `models.Classifier` (params {'body', 'head'}); cohort: clients per round;
   local_epochs: epochs of local training (FedRep: of the body, after its head epochs);
   batch_size: minibatch size; client_group: clients trained together
-  in one vmap (the groups run one after another; None: the whole cohort at once).
+  in one vmap (the groups run one after another; None: the whole cohort at once);
+  cohort_groups: draw the cohort stratified over this many contiguous equal groups of
+  clients, cohort/cohort_groups from each (`cohort.sample_grouped`; None: uniformly from
+  all clients, or one group per device when sharded); devices: run rounds and evaluation
+  with the client axis sharded over the first `devices` devices (the module docstring;
+  None: unsharded). num_clients and cohort must be multiples of cohort_groups, and
+  cohort_groups of devices.
   """
   model: nn.Module
   cohort: int
@@ -57,6 +81,8 @@ class Personalized:
   batch_size: int = 10
   client_group: int | None = 10
   name: str = "personalized"
+  cohort_groups: int | None = None
+  devices: int | None = None
 
   def labels(self, flat: dict) -> dict:
     """The label tree: FedRep and FedPer share the body and personalise the head."""
@@ -111,54 +137,162 @@ class Personalized:
     return params_lib.split(flat, self.labels(flat))
 
   def init(self, key, data, hparams: NNHparams) -> NNState:
-    """The model's initial params (one draw: every client starts from the same model)."""
+    """The model's initial params (one draw: every client starts from the same model); when
+    sharded, laid out as STATE_SPECS says on the client mesh."""
     del hparams
+    self.check_sharding(data.num_clients)
     key_model, key_eval = jax.random.split(key)
     sample = jnp.zeros((1, *data.x.shape[2:]), data.x.dtype)
     flat = params_lib.flatten(self.model.init(key_model, sample)["params"])
     shared, personal = self.initial_parts(flat)
     personal = jax.tree.map(lambda p: jnp.broadcast_to(p, (data.num_clients, *p.shape)),
                             personal)
-    return NNState(shared=shared, personal=personal, eval_key=jax.random.key_data(key_eval))
+    state = NNState(shared=shared, personal=personal, eval_key=jax.random.key_data(key_eval))
+    if self.devices is None:
+      return state
+    mesh = sharding.client_mesh(self.devices)
+    return jax.lax.with_sharding_constraint(state, jax.tree.map(
+        lambda spec: NamedSharding(mesh, spec), STATE_SPECS,
+        is_leaf=lambda x: isinstance(x, PartitionSpec)))
 
   def round(self, state: NNState, key, data, hparams: NNHparams):
+    """One round: the cohort drawn from `key` (uniformly, or stratified over the cohort
+    groups) trains and the server updates (`masked_round`). Sharded, two shard_maps: each
+    device draws its own groups' part of the cohort and trains it (`train_clients`), then
+    the server's step (`server_step`) sums over the devices and must leave the shared
+    params and metrics the same on all of them (a ValueError otherwise: SCAFFOLD's control
+    variates are summed without `cohort_sum`)."""
+    self.check_sharding(data.num_clients)
     key_cohort, key_clients = jax.random.split(key)
-    clients = cohort_lib.sample_cohort(key_cohort, data.num_clients, self.cohort)
-    return self.masked_round(state, key_clients, data, hparams, clients)
+    num_clients, groups = data.num_clients, self.num_cohort_groups()
+    if self.devices is None:
+      clients = (cohort_lib.sample_cohort(key_cohort, num_clients, self.cohort)
+                 if groups is None else
+                 cohort_lib.sample_grouped(key_cohort, num_clients, self.cohort, groups))
+      return self.masked_round(state, key_clients, data, hparams, clients)
+
+    def local(state, data):  # this device's clients: offset + range(data.num_clients)
+      offset = device_offset(data.num_clients)
+      group_ids = offset // (num_clients // groups) + jnp.arange(groups // self.devices)
+      clients = cohort_lib.sample_grouped(key_cohort, num_clients, self.cohort, groups,
+                                          group_ids)
+      return self.train_clients(state, key_clients, data, hparams, clients - offset, clients)
+
+    def server(shared, sent, weights, losses):
+      return self.server_step(shared, sent, weights, losses, num_clients)
+
+    mesh = sharding.client_mesh(self.devices)
+    # check_vma off for training: its scans start from replicated carries (SGD's params,
+    # loss totals) that become per-device, which JAX's varying-axes types would reject.
+    state, sent, weights, losses = jax.shard_map(
+        local, mesh=mesh, in_specs=(STATE_SPECS, BY_CLIENT),
+        out_specs=(STATE_SPECS, BY_CLIENT, BY_CLIENT, BY_CLIENT), check_vma=False)(state, data)
+    try:  # check_vma on: JAX proves the server's outputs the same on every device
+      shared, metrics = jax.shard_map(
+          server, mesh=mesh, in_specs=(PartitionSpec(), BY_CLIENT, BY_CLIENT, BY_CLIENT),
+          out_specs=(PartitionSpec(), PartitionSpec()))(state.shared, sent, weights, losses)
+    except ValueError as error:  # JAX's message: out_specs "require replication" ...
+      if "replicat" not in str(error):
+        raise
+      raise ValueError(f"{self.name} cannot run sharded (devices={self.devices}): its server "
+                       f"step combines the cohort's values without `cohort_sum` (a psum over "
+                       f"the devices), so the devices would disagree on the shared params; "
+                       f"use devices=None") from error
+    return state.replace(shared=shared), metrics
 
   def masked_round(self, state: NNState, key, data, hparams: NNHparams, clients, mask=None):
     """One round of clients `clients` [c] where `mask` [c] (bool; None: all) is True: they
     train (client i with key fold_in(key, i)), the server averages their shared params
     weighted by their sample counts, and they keep their new personal params; masked and
     unsampled clients keep theirs. Metrics: train_loss (count-weighted mean over the
-    cohort of each client's mean minibatch loss)."""
-    counts = data.sample_counts(clients)
+    cohort of each client's mean minibatch loss). On one device (with `devices` set, use
+    `round`: each device draws its own part of the cohort)."""
+    if self.devices is not None:
+      raise ValueError(f"{self.name}: masked_round trains given clients on one device; with "
+                       f"devices={self.devices} use round")
+    state, sent, weights, losses = self.train_clients(state, key, data, hparams, clients,
+                                                      clients, mask)
+    shared, metrics = self.server_step(state.shared, sent, weights, losses, data.num_clients)
+    return state.replace(shared=shared), metrics
+
+  def train_clients(self, state: NNState, key, data, hparams: NNHparams, rows, clients,
+                    mask=None):
+    """Local training of the clients at rows `rows` [c] of `data` and `state.personal`,
+    whose global indices are `clients` [c] (the same unless sharded; client i trains with
+    key fold_in(key, i)), where `mask` [c] (bool; None: all) is True. Returns (state with
+    their new personal params (masked and unsampled clients keep theirs), what they send
+    (`client_update`'s shared output, leaves [c, ...]), their weights [c] (sample counts,
+    0 where masked), their mean minibatch losses [c])."""
+    counts = data.sample_counts(rows)
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, clients)
-    old_personal = tree.gather(state.personal, clients)
+    old_personal = tree.gather(state.personal, rows)
 
     def client(args):  # fetches its own data: the cohort's is never copied out as a whole
-      personal, client_id, client_key = args
-      x, y, count = jax.tree.map(lambda a: a[0], data.batch(key, client_id[None]))
+      personal, row, client_key = args
+      x, y, count = jax.tree.map(lambda a: a[0], data.batch(key, row[None]))
       return self.client_update(state.shared, personal, x, y, count, client_key, hparams)
 
-    shared, personal, losses = train.client_map(
-        client, (old_personal, clients, keys), self.client_group)
+    sent, personal, losses = train.client_map(client, (old_personal, rows, keys),
+                                              self.client_group)
     weights = counts if mask is None else jnp.where(mask, counts, 0.0)
-    shared = self.server_update(state.shared, shared, weights, data.num_clients)
     if mask is not None:
       personal = jax.tree.map(
           lambda new, old: jnp.where(mask.reshape(-1, *[1] * (new.ndim - 1)), new, old),
           personal, old_personal)
-    state = state.replace(shared=shared, personal=tree.scatter(state.personal, clients, personal))
-    return state, {"train_loss": aggregate.weighted_mean(losses, weights)}
+    state = state.replace(personal=tree.scatter(state.personal, rows, personal))
+    return state, sent, weights, losses
+
+  def server_step(self, shared: dict, sent: dict, weights: jax.Array, losses: jax.Array,
+                  num_clients: int):
+    """(the server's new shared params (`server_update`), metrics: train_loss, the
+    `weights`-weighted mean of the cohort's losses [c]) from what the cohort sent."""
+    shared = self.server_update(shared, sent, weights, num_clients)
+    return shared, {"train_loss": aggregate.mean(*self.cohort_sum(losses, weights))}
 
   def server_update(self, shared: dict, sent: dict, weights: jax.Array, num_clients: int):
     """The server's new shared params from what the cohort sent (`sent`: each client's
     `client_update` shared output, leaves [c, ...]) with weights [c] (sample counts, 0
     for masked clients) out of num_clients: the weighted mean (unchanged if no weight)."""
     del num_clients
-    sums, total = aggregate.weighted_sum(sent, weights)
+    sums, total = self.cohort_sum(sent, weights)
     return otu.tree_where(total > 0, aggregate.mean(sums, total), shared)
+
+  def cohort_sum(self, values, weights: jax.Array):
+    """(sum_i w_i u_i, sum_i w_i) over the whole cohort (`aggregate.weighted_sum`): values a
+    pytree of leaves [c, ...], weights [c]. Sharded, each device holds its part of the
+    cohort and the sums are psum'd over the devices, so every device gets the total."""
+    sums = aggregate.weighted_sum(values, weights)
+    return sums if self.devices is None else jax.lax.psum(sums, sharding.CLIENTS)
+
+  # -- sharding ----------------------------------------------------------------------------
+  def num_cohort_groups(self) -> int | None:
+    """The cohort's groups: cohort_groups, else one per device (None: unstratified)."""
+    return self.cohort_groups if self.cohort_groups is not None else self.devices
+
+  def check_sharding(self, num_clients: int) -> None:
+    """Raises ValueError unless `devices` and `cohort_groups` are None or integers >= 1
+    that fit: devices at most the devices JAX sees, cohort_groups a multiple of devices,
+    num_clients and cohort multiples of cohort_groups, and this algorithm's round
+    shardable (not one that adds steps to `masked_round`). init, round and evaluate call
+    it first, before any work."""
+    for name, value in (("devices", self.devices), ("cohort_groups", self.cohort_groups)):
+      if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                or value < 1):
+        raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
+    groups = self.num_cohort_groups()
+    if self.devices is not None:
+      mesh = sharding.client_mesh(self.devices)
+      if type(self).masked_round is not Personalized.masked_round:
+        raise ValueError(f"{self.name} cannot run sharded (devices={self.devices}): its "
+                         f"masked_round adds steps over the whole cohort; use devices=None")
+      if groups % self.devices:
+        raise ValueError(f"cohort_groups={groups} must be a multiple of devices="
+                         f"{self.devices} (every device holds the same number of groups)")
+      sharding.check_divisible(num_clients, mesh)
+    if groups is not None and (num_clients % groups or self.cohort % groups):
+      raise ValueError(f"num_clients={num_clients} and cohort={self.cohort} must be "
+                       f"multiples of the cohort groups ({groups}): each group holds "
+                       f"num_clients/{groups} clients and draws cohort/{groups} of them")
 
   def eval_params(self, shared: dict, personal: dict, x, y, count, key, hparams) -> dict:
     """The flat params a client is tested with (default: shared + its personal ones)."""
@@ -167,20 +301,32 @@ class Personalized:
 
   def evaluate(self, state: NNState, data, hparams: NNHparams) -> dict:
     """Every client's accuracy on its own test set with its own params (`eval_params`):
-    test_accuracy (the mean over clients) and test_accuracy_std (their std)."""
-    clients = jnp.arange(data.num_clients)
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
-        jax.random.wrap_key_data(state.eval_key), clients)
+    test_accuracy (the mean over clients) and test_accuracy_std (their std). Sharded, each
+    device tests the clients it holds (one shard_map)."""
+    self.check_sharding(data.num_clients)
 
-    def client(args):
-      personal, x, y, count, key, x_test, y_test, test_count = args
-      flat = self.eval_params(state.shared, personal, x, y, count, key, hparams)
-      return train.accuracy(self.logits(flat, x_test), y_test, test_count)
+    def accuracies(state, data, offset):  # [n'] of the clients offset + range(n')
+      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+          jax.random.wrap_key_data(state.eval_key), offset + jnp.arange(data.num_clients))
 
-    accuracies = train.client_map(client, (state.personal, data.x, data.y, data.counts, keys,
-                                           data.x_test, data.y_test, data.test_counts),
-                                  self.client_group)
-    return accuracy_metrics(accuracies)
+      def client(args):
+        personal, x, y, count, key, x_test, y_test, test_count = args
+        flat = self.eval_params(state.shared, personal, x, y, count, key, hparams)
+        return train.accuracy(self.logits(flat, x_test), y_test, test_count)
+
+      return train.client_map(client, (state.personal, data.x, data.y, data.counts, keys,
+                                       data.x_test, data.y_test, data.test_counts),
+                              self.client_group)
+
+    if self.devices is None:
+      return accuracy_metrics(accuracies(state, data, 0))
+
+    def local(state, data):
+      return accuracies(state, data, device_offset(data.num_clients))
+
+    return accuracy_metrics(jax.shard_map(  # check_vma off: fine-tuning's scans (see round)
+        local, mesh=sharding.client_mesh(self.devices), in_specs=(STATE_SPECS, BY_CLIENT),
+        out_specs=BY_CLIENT, check_vma=False)(state, data))
 
   def new_clients(self, state: NNState, data, hparams: NNHparams, key, epochs: int) -> dict:
     """Accuracy of new clients (`data`: their own train and test sets) that reuse the
@@ -208,3 +354,9 @@ class Personalized:
 def accuracy_metrics(accuracies: jax.Array) -> dict:
   """test_accuracy (mean over clients of accuracies [n]) and test_accuracy_std."""
   return {"test_accuracy": jnp.mean(accuracies), "test_accuracy_std": jnp.std(accuracies)}
+
+
+def device_offset(held: int) -> jax.Array:
+  """The global index [] of the first client of this device, inside a shard_map over the
+  client mesh whose devices hold `held` clients each."""
+  return jax.lax.axis_index(sharding.CLIENTS) * held

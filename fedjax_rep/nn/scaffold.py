@@ -53,9 +53,9 @@ class Scaffold(FedAvg):
 
   def server_update(self, shared, sent, weights, num_clients):
     model = super().server_update(model_part(shared), model_part(sent), weights, num_clients)
-    trained = (weights > 0).astype(jnp.float32)
-    control = {c: shared[c] + jnp.tensordot(trained, sent[c], axes=1) / num_clients
-               for c in shared if c.startswith(CONTROL)}
+    controls = {c: sent[c] for c in shared if c.startswith(CONTROL)}
+    sums, _ = self.cohort_sum(controls, (weights > 0).astype(jnp.float32))
+    control = {c: shared[c] + sums[c] / num_clients for c in controls}
     return {**model, **control}
 
   def eval_params(self, shared, personal, x, y, count, key, hparams):

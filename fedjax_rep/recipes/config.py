@@ -1,11 +1,13 @@
 """Recipe configurations: frozen dataclasses whose fields carry their own valid range.
 
-`--set KEY=VALUE` goes through `override`, and every configuration through `validate`,
+`--set KEY=VALUE` goes through `override`, `--grid KEY=V1,V2,...` through `parse_grid`
+(which checks every combination of the sweep), and every configuration through `validate`,
 before anything is compiled: a bad key or value is a `ConfigError` that names the key,
 the value, the valid range and the valid keys.
 """
 
 import dataclasses
+import itertools
 import math
 import typing
 
@@ -91,16 +93,37 @@ def _parse_one(item: str, kind: type):
   return number
 
 
-def _parse(key: str, text: str, check: Check):
-  items = [t.strip() for t in text.split(",") if t.strip()] if check.sequence else [text.strip()]
+def _field(known: dict, key: str, option: str) -> dataclasses.Field:
+  """The field named `key` of `option` (--set or --grid), or a ConfigError listing the keys."""
+  if key not in known:
+    raise ConfigError(f"{option}: unknown configuration key {key!r}; valid keys: "
+                      f"{', '.join(known)}")
+  return known[key]
+
+
+def _split(item: str, known: dict, option: str) -> tuple[str, str]:
+  """(KEY, VALUE) of an `option` item 'KEY=VALUE'."""
+  key, sep, text = item.partition("=")
+  if not sep:
+    raise ConfigError(f"{option} expects KEY=VALUE, got {item!r}; valid keys: {', '.join(known)}")
+  return key.strip(), text
+
+
+def _parse(key: str, text: str, check: Check, option: str = "--set"):
+  """The value of `--set KEY=TEXT` (a tuple of its comma-separated items for a sequence
+  field), or with option='--grid' the tuple of the comma-separated values to sweep (items
+  of a sequence field: each is one element)."""
+  split = check.sequence or option == "--grid"
+  items = [t.strip() for t in text.split(",") if t.strip()] if split else [text.strip()]
+  each = dataclasses.replace(check, sequence=False) if option == "--grid" else check
   values = []
   for item in items:
     try:
       values.append(_parse_one(item, check.kind))
     except (ValueError, OverflowError):
-      raise ConfigError(f"--set {key}={text}: {item!r} is not valid; {key} must be "
-                        f"{check.describe()}") from None
-  return tuple(values) if check.sequence else values[0]
+      raise ConfigError(f"{option} {key}={text}: {item!r} is not valid; {key} must be "
+                        f"{each.describe()}") from None
+  return tuple(values) if split else values[0]
 
 
 def override(config, items: typing.Sequence[str]):
@@ -108,14 +131,68 @@ def override(config, items: typing.Sequence[str]):
   known = fields(type(config))
   changes = {}
   for item in items:
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep:
-      raise ConfigError(f"--set expects KEY=VALUE, got {item!r}; valid keys: {', '.join(known)}")
-    if key not in known:
-      raise ConfigError(f"unknown configuration key {key!r}; valid keys: {', '.join(known)}")
-    changes[key] = _parse(key, text, known[key].metadata["check"])
+    key, text = _split(item, known, "--set")
+    changes[key] = _parse(key, text, _field(known, key, "--set").metadata["check"])
   return validate(dataclasses.replace(config, **changes))
+
+
+def parse_grid(config, grid, overrides: typing.Sequence[str] = ()) -> dict[str, tuple]:
+  """The sweep over `config`'s fields, as {KEY: tuple of values}.
+
+  `grid` is {KEY: values} (Python) or 'KEY=V1,V2,...' items (--grid, parsed by the field's
+  type; a string is one item); a sequence field sweeps single elements (each value becomes
+  a one-element tuple, see `apply`). Unknown keys, a key repeated or also given in
+  `overrides` (--set items), an empty or repeated value, and every combination whose
+  configuration `validate` refuses are ConfigErrors, so the whole sweep is checked before
+  any work.
+  """
+  known = fields(type(config))
+  if isinstance(grid, typing.Mapping):
+    entries = [(key, tuple(values)) for key, values in grid.items()]
+  else:
+    entries = []
+    for item in [grid] if isinstance(grid, str) else grid:
+      key, text = _split(item, known, "--grid")
+      entries.append((key, _parse(key, text, _field(known, key, "--grid").metadata["check"],
+                                  "--grid")))
+  fixed = {_split(item, known, "--set")[0] for item in overrides}
+  swept = {}
+  for key, values in entries:
+    each = dataclasses.replace(_field(known, key, "--grid").metadata["check"], sequence=False)
+    if key in swept or key in fixed:
+      where = "twice in --grid" if key in swept else "in both --set and --grid"
+      raise ConfigError(f"{key} is given {where}; give all its values once, as "
+                        f"--grid {key}=V1,V2,... (each {each.describe()})")
+    if not values or len(set(values)) < len(values):
+      raise ConfigError(f"--grid {key}={','.join(map(str, values))}: give one or more "
+                        f"distinct values of {key}, each {each.describe()}")
+    swept[key] = values
+  for combination in combinations(swept):
+    try:
+      validate(apply(config, combination))
+    except ConfigError as error:
+      raise ConfigError(f"--grid combination {combination_label(combination)}: {error}") from None
+  return swept
+
+
+def combinations(grid: dict[str, tuple]) -> list[dict]:
+  """Every combination of the values of `grid` ({KEY: values}), as {KEY: value} dicts
+  (the cartesian product, the first key varying slowest; [{}] for an empty grid)."""
+  return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+def combination_label(combination: dict, sep: str = ", ") -> str:
+  """'KEY=VALUE' of each key of `combination`, joined by `sep` (e.g. 'lr=0.3, num_clients=100')."""
+  return sep.join(f"{key}={value}" for key, value in combination.items())
+
+
+def apply(config, combination: dict):
+  """`config` with the values of a grid `combination` (a sequence field gets a one-element
+  tuple); not validated (`parse_grid` validated every combination)."""
+  known = fields(type(config))
+  return dataclasses.replace(config, **{
+      key: (value,) if known[key].metadata["check"].sequence else value
+      for key, value in combination.items()})
 
 
 def validate(config):

@@ -11,8 +11,13 @@ written: m fresh samples per round) every n converges, n=10 included, only slowe
 
 import dataclasses
 
+import jax
+import numpy as np
+
 from fedjax_rep.core.cohort import cohort_size
-from fedjax_rep.linear.registry import make_algorithm
+from fedjax_rep.core.padding import Padded
+from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS, FedRep
+from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import linear_common as common
 from fedjax_rep.recipes import plotting
@@ -42,22 +47,41 @@ class Config:
     common.check_rep_dim(self)
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+HEAD_STEPS = {"fedrep": 0, "gd-gd": 1, "10gd-gd": 10}  # head GD steps (0: exact heads)
+
+
+def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> list[dict]:
+  """Rows of every algorithm, n and seed (and `grid` combination of traced keys: lr,
+  head_lr). The algorithms differ only in a traced number (head steps) and the values of n
+  are padded to a common client count, so each padding group is one compiled program."""
   seed_values = list(range(config.seed, config.seed + seeds))
   keys = shared.seed_keys(config.seed, seeds)
-  rows = []
-  for n in config.num_clients:
-    data = common.seed_data(keys, num_clients=n, dim=config.dim, rep_dim=config.rep_dim,
-                            noise_std=config.noise_std, samples=config.samples_per_client,
-                            mode=config.data_mode)
-    for name in config.algorithms:
-      algorithm = make_algorithm(name, rep_dim=config.rep_dim,
-                                 cohort=cohort_size(n, config.participation))
-      metrics = unit(f"{name}-n{n}", lambda: shared.run_seeds(
-          algorithm, data, common.hparams(config), keys, config.rounds, progress,
-          desc=f"{name} n={n}").metrics)
-      rows += shared.round_rows(name, seed_values, metrics, num_clients=n)
-  return rows
+  combos = grid or [{}]
+  curves = {}
+  for group in common.padding_groups(config.num_clients, config.data_mode):
+    data = common.padded_seed_data(
+        keys, group, config.participation, mode=config.data_mode, dim=config.dim,
+        rep_dim=config.rep_dim, noise_std=config.noise_std, samples=config.samples_per_client)
+    runs = [(c, name, n) for c in range(len(combos)) for name in config.algorithms
+            for n in group]
+    index = np.concatenate([group.index(n) * seeds + np.arange(seeds) for _, _, n in runs])
+    hparams = [LinearHparams(lr=np.float32(cfg_c.lr), head_lr=np.float32(cfg_c.head_lr),
+                             head_steps=np.int32(HEAD_STEPS[name]))
+               for cfg_c, name in ((dataclasses.replace(config, **combos[c]), name)
+                                   for c, name, _ in runs) for _ in range(seeds)]
+    algorithm = Padded(FedRep(rep_dim=config.rep_dim, head_steps=TRACED_HEAD_STEPS,
+                              cohort=max(cohort_size(n, config.participation) for n in group)))
+    label = "-".join(map(str, group))
+    metrics = unit(f"n{label}", lambda: shared.run_seeds(
+        algorithm, jax.tree.map(lambda leaf: np.take(np.asarray(leaf), index, axis=0), data),
+        shared.concatenate([jax.tree.map(lambda x: x[None], h) for h in hparams]),
+        shared.run_keys(keys, np.tile(np.arange(seeds), len(runs))), config.rounds, progress, desc=f"n={label}", hparams_axis=0).metrics)
+    for r, run_key in enumerate(runs):
+      curves[run_key] = {k: v[r * seeds:(r + 1) * seeds] for k, v in metrics.items()}
+  return [row for c, combo in enumerate(combos) for n in config.num_clients
+          for name in config.algorithms
+          for row in shared.round_rows(name, seed_values, curves[c, name, n], **combo,
+                                       num_clients=n)]
 
 
 def plot(rows, config: Config, file) -> None:
@@ -77,4 +101,5 @@ def plot(rows, config: Config, file) -> None:
 RECIPE = register(Recipe(
     name="fedrep-fig3",
     summary="FedRep Fig. 3: principal angle vs rounds, FedRep vs GD-GD vs 10GD-GD, n in {10,100,1000}",
-    config=Config, quick={"rounds": 100}, run=run, plot=plot, default_seeds=3))
+    config=Config, quick={"rounds": 100}, run=run, plot=plot, default_seeds=3,
+    traced=("lr", "head_lr")))

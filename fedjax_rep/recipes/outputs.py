@@ -53,8 +53,9 @@ def csv_text(rows: list[dict], first=("algorithm", "seed", "round")) -> str:
 
 
 class RunDir:
-  """An output directory. Units of work finished earlier (same configuration) are reused,
-  so an interrupted run continues where it stopped when started again with the same --out."""
+  """An output directory. Units of work finished earlier (same configuration, seeds and
+  grid; a config.json without a grid is a run without one) are reused, so an interrupted
+  run continues where it stopped when started again with the same --out."""
 
   def __init__(self, path: str, config: dict):
     self.path = path
@@ -64,10 +65,11 @@ class RunDir:
       with open(config_path) as f:
         previous = json.load(f)
       current = json.loads(json.dumps(config))  # tuples -> lists, as stored
-      if (previous.get("config"), previous.get("seeds")) != (current["config"], current["seeds"]):
+      if any(previous.get(key) != current.get(key) for key in ("config", "seeds")) or (
+          previous.get("grid") or {}) != (current.get("grid") or {}):
         raise FileExistsError(
-            f"{path} holds a run with a different configuration; choose another --out "
-            f"(or delete the directory) to start a new run")
+            f"{path} holds a run with a different configuration, seeds or grid; choose "
+            f"another --out (or delete the directory) to start a new run")
     self.write_json("config.json", config)
 
   def write_json(self, name: str, value) -> None:

@@ -1,4 +1,11 @@
-"""Named experiments: registry, configuration resolution and running with outputs."""
+"""Named experiments: registry, configuration resolution and running with outputs.
+
+A run covers every combination of its grid (`--grid KEY=V1,V2,...`, or grid={KEY: values}):
+keys that the recipe declares `traced` are swept inside one call of its run function (one
+compiled program per shape), the other (shape-changing) keys by one call per combination.
+Every swept key is a column of the rows, and so is `grid`, the label of the row's
+combination ("lr=0.3, num_clients=100"); figures draw one line per label.
+"""
 
 import dataclasses
 import datetime
@@ -15,6 +22,11 @@ class Recipe:
 
   run(config, seeds, unit, progress) -> rows (list of dicts, one per algorithm x seed x round);
   `unit(name, compute)` caches a unit of work (see outputs.RunDir.unit).
+  traced: configuration keys (scalar numbers) that run sweeps inside one program. When a grid
+  sweeps some of them, run is called as run(config, seeds, unit, progress, grid=[{KEY: value},
+  ...]): one dict per combination of the swept traced keys, `config` holding their unswept
+  values; it returns the rows of every combination, each row carrying those keys as columns
+  with the values of its dict.
   plot(rows, config, path) draws the paper-style figure into `path` (PNG).
   summarize(rows, config) -> rows of a summary table (written to `summary_file`), or None.
   """
@@ -27,12 +39,20 @@ class Recipe:
   default_seeds: int = 1
   summarize: Callable | None = None
   summary_file: str = "summary.csv"
+  traced: tuple[str, ...] = ()
 
 
 RECIPES: dict[str, Recipe] = {}
 
 
 def register(recipe: Recipe) -> Recipe:
+  """Adds `recipe` to RECIPES; its traced keys must be scalar number fields of its config."""
+  known = cfg.fields(recipe.config)
+  for key in recipe.traced:
+    check = known[key].metadata["check"] if key in known else None
+    if check is None or check.sequence or check.kind not in (int, float):
+      raise ValueError(f"recipe {recipe.name}: traced key {key!r} is not a number field of "
+                       f"its configuration; trace only scalar numbers")
   RECIPES[recipe.name] = recipe
   return recipe
 
@@ -63,39 +83,95 @@ def _call_unit(name, compute):
   return compute()
 
 
-def _prepare(name, quick, seeds, overrides):
-  """(recipe, validated config, number of seeds): every check, before any work."""
+def _prepare(name, quick, seeds, overrides, grid):
+  """(recipe, validated config, number of seeds, checked grid): every check, before any
+  work."""
   recipe = get(name)
   config = resolve(name, quick=quick, overrides=overrides)
-  return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds)
+  grid = cfg.parse_grid(config, grid, overrides)
+  return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds), grid
 
 
-def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(),
+def _sweep(recipe, config, seeds, grid, unit, progress) -> list[dict]:
+  """The rows of every combination of `grid`: one call of recipe.run per combination of the
+  shape-changing keys (with grid=[traced combinations] where the recipe traces swept keys),
+  each caching its units under the prefix 'KEY=VALUE,...--'; every row gets the swept keys
+  and the `grid` label of its combination as columns. Without a grid: recipe.run's rows."""
+  if not grid:
+    return recipe.run(config, seeds, unit=unit, progress=progress)
+  traced = {key: values for key, values in grid.items() if key in recipe.traced}
+  traced_grid = {"grid": cfg.combinations(traced)} if traced else {}
+  combinations = {cfg.combination_label(c): c for c in cfg.combinations(grid)}
+  rows = []
+  for shape in cfg.combinations({k: v for k, v in grid.items() if k not in traced}):
+    prefix = cfg.combination_label(shape, ",") + "--" if shape else ""
+    for row in recipe.run(cfg.apply(config, shape), seeds,
+                          unit=lambda name, compute, p=prefix: unit(p + name, compute),
+                          progress=progress, **traced_grid):
+      label = cfg.combination_label({key: shape[key] if key in shape else row.get(key)
+                                     for key in grid})
+      if label not in combinations:
+        raise RuntimeError(f"recipe {recipe.name} returned a row of {label}, which is not a "
+                           f"combination of its grid; its run must return the traced keys "
+                           f"{', '.join(traced)} as columns with the values it was given")
+      rows.append({**row, **combinations[label], "grid": label})
+  return rows
+
+
+def _figure_config(config, grid):
+  """`config` as the figure sees the rows: each swept sequence field holds all its swept
+  values (e.g. fedrep-fig3's panels, one per num_clients); other fields are unchanged."""
+  known = cfg.fields(type(config))
+  return dataclasses.replace(config, **{key: values for key, values in grid.items()
+                                        if known[key].metadata["check"].sequence})
+
+
+def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(), grid=(),
         progress: bool = True) -> tuple[list[dict], object]:
-  """Runs recipe `name` in memory; returns (rows, resolved config). Writes no files."""
-  recipe, config, seeds = _prepare(name, quick, seeds, overrides)
-  return recipe.run(config, seeds, unit=_call_unit, progress=progress), config
+  """Runs recipe `name` in memory over every combination of `grid` ({KEY: values} or
+  'KEY=V1,V2,...' items; see `_sweep`); returns (rows, resolved config), where a swept
+  sequence field of the config holds all its swept values. Writes no files."""
+  recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
+  rows = _sweep(recipe, config, seeds, grid, _call_unit, progress)
+  return rows, _figure_config(config, grid)
+
+
+def _summary(recipe, rows, config, grid) -> list[dict]:
+  """recipe.summarize of each combination of `grid` (its rows, its configuration), the
+  combination's swept keys and `grid` label added to each entry; without a grid, that of
+  all rows."""
+  if not grid:
+    return recipe.summarize(rows, config)
+  table = []
+  for combination in cfg.combinations(grid):
+    label = cfg.combination_label(combination)
+    entries = recipe.summarize([r for r in rows if r["grid"] == label],
+                               cfg.apply(config, combination))
+    table += [{**entry, **combination, "grid": label} for entry in entries]
+  return table
 
 
 def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(),
-               out: str | None = None, progress: bool = True) -> str:
-  """Runs recipe `name` and writes metrics.csv, config.json, NAME.png (and the summary
-  table, e.g. summary.csv or table1.csv, where the recipe has one) into `out`.
+               grid=(), out: str | None = None, progress: bool = True) -> str:
+  """Runs recipe `name` over every combination of `grid` (as `run`) and writes
+  metrics.csv, config.json (with the grid), NAME.png (and the summary table, e.g.
+  summary.csv or table1.csv, where the recipe has one) into `out`.
 
-  Finished units are saved under out/parts, so running again with the same `out` and
-  configuration resumes instead of starting over. Returns the output directory.
+  Finished units are saved under out/parts, so running again with the same `out`,
+  configuration and grid resumes instead of starting over. Returns the output directory.
   """
-  recipe, config, seeds = _prepare(name, quick, seeds, overrides)
+  recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
   if out is None:
     out = os.path.join("runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
   run_dir = outputs.RunDir(out, {"recipe": name, "quick": quick, "seeds": seeds,
-                                 "config": dataclasses.asdict(config),
+                                 "config": dataclasses.asdict(config), "grid": grid,
                                  "versions": outputs.versions()})
-  rows = recipe.run(config, seeds, unit=run_dir.unit, progress=progress)
-  run_dir.write_csv("metrics.csv", rows)
+  rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
+  swept = (*grid, "grid") if grid else ()
+  run_dir.write_csv("metrics.csv", rows, first=("algorithm", "seed", "round", *swept))
   if recipe.summarize is not None:
-    run_dir.write_csv(recipe.summary_file, recipe.summarize(rows, config),
-                      first=("algorithm",))
+    run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, grid),
+                      first=("algorithm", *swept))
   outputs.atomic_write(os.path.join(out, f"{name}.png"),
-                       lambda f: recipe.plot(rows, config, f))
+                       lambda f: recipe.plot(rows, _figure_config(config, grid), f))
   return out

@@ -2,7 +2,6 @@
 units of work and metrics.csv rows."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core import loop
@@ -16,15 +15,28 @@ def concatenate(trees):
 
 def seed_keys(first_seed: int, seeds: int) -> jax.Array:
   """Keys [seeds, 3] (problem, data, run) of seeds first_seed, first_seed + 1, ..."""
-  return jax.vmap(lambda s: jax.random.split(jax.random.key(s), 3))(
-      jnp.arange(first_seed, first_seed + seeds))
+  return _seed_keys(np.arange(first_seed, first_seed + seeds, dtype=np.int32))
+
+
+@jax.jit
+def _seed_keys(seed_values):
+  return jax.vmap(lambda s: jax.random.split(jax.random.key(s), 3))(seed_values)
+
+
+@jax.jit
+def run_keys(keys: jax.Array, index: jax.Array | None = None) -> jax.Array:
+  """The run keys [runs] of keys [seeds, 3] (seed_keys), of the seeds `index` [runs]
+  (default all, in order); jitted, so that no eager op compiles on the way."""
+  return keys[:, 2] if index is None else keys[index, 2]
 
 
 def run_seeds(algorithm, data, hparams, keys, num_rounds, progress=True, desc=None,
               hparams_axis=None):
   """Runs `algorithm` on every seed at once (one vmapped program); data has a seed axis
-  (a leading sweep axis of runs), and so do hparams where hparams_axis=0."""
-  return loop.run(algorithm, data, hparams, keys[:, 2], num_rounds,
+  (a leading sweep axis of runs), and so do hparams where hparams_axis=0. keys [runs, 3]
+  (seed_keys), or the run keys [runs] themselves (`run_keys`)."""
+  keys = run_keys(keys) if keys.ndim == 2 else keys
+  return loop.run(algorithm, data, hparams, keys, num_rounds,
                   sweep_axes=(0, hparams_axis, 0), progress=progress, desc=desc)
 
 

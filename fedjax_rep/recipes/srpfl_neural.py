@@ -305,13 +305,17 @@ def plot(rows, config: Config, file) -> None:
       ax = axes[i, j]
       panel = plotting.select(rows, speed_model=speed, participation=participation,
                               comm_cost=comm_cost)
+      grids = list(dict.fromkeys(r["grid"] for r in panel if "grid" in r)) or [None]
       for name in algorithm_names(config):
         inner, doubling = ALGORITHMS[name]
-        xs, mean, low, high = plotting.curves(panel, "wall_clock", "test_accuracy",
-                                              along="round", algorithm=name)
-        ax.plot(xs, mean, color=COLORS[inner], ls="-" if doubling else "--", lw=1.4,
-                label=LABELS[name])
-        ax.fill_between(xs, low, high, color=COLORS[inner], alpha=0.12, lw=0)
+        for g, label in enumerate(grids):  # a --grid: one line per combination, darker
+          where = {"algorithm": name} if label is None else {"algorithm": name, "grid": label}
+          xs, mean, low, high = plotting.curves(panel, "wall_clock", "test_accuracy",
+                                                along="round", **where)
+          ax.plot(xs, mean, color=COLORS[inner], ls="-" if doubling else "--", lw=1.4,
+                  alpha=1 - 0.6 * g / len(grids),
+                  label=LABELS[name] + ("" if label is None else f" ({label})"))
+          ax.fill_between(xs, low, high, color=COLORS[inner], alpha=0.12, lw=0)
       ax.axhline(np.mean([r["target"] for r in panel if r["round"] == 1]), color="black",
                  ls=":", lw=1, label="target")
       ax.set_title(f"{speed} speeds, {participation_label(participation)}, C = {comm_cost:g}",

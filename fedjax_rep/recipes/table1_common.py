@@ -147,13 +147,17 @@ def table(rows, config, dataset: str, settings: list[dict], paper: dict = PAPER)
 def setting_label(setting: dict) -> str:
   """A short title of a setting, e.g. 'n=100, S=2'."""
   short = {"num_clients": "n", "classes_per_client": "S"}
-  return ", ".join(f"{short.get(k, k)}={v}" for k, v in setting.items())
+  return ", ".join(v if k == "grid" else f"{short.get(k, k)}={v}" for k, v in setting.items())
 
 
 def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
          paper: dict = PAPER, labels: dict = LABELS, paper_name: str = "FedRep Table 1") -> None:
-  """One panel per setting: a horizontal bar per algorithm (measured accuracy, its std over
-  seeds as an error bar) with the paper's value as a red diamond where it has one."""
+  """One panel per setting (and per combination of a --grid: rows with a `grid` column): a
+  horizontal bar per algorithm (measured accuracy, its std over seeds as an error bar) with
+  the paper's value as a red diamond where it has one."""
+  grids = list(dict.fromkeys(r["grid"] for r in rows if "grid" in r))
+  if grids:
+    settings = [{**setting, "grid": label} for setting in settings for label in grids]
   summary = table(rows, config, dataset, settings, paper)
   names = list(config.algorithms)
   columns = min(len(settings), 3)

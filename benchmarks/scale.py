@@ -1,0 +1,164 @@
+"""Seconds per round and peak memory of FedRep rounds from 10^5 to 10^7 clients.
+
+Each configuration (clients n, data mode, devices) runs in its own subprocess, so its peak
+resident memory (ru_maxrss of that process) is its own; the number of devices is set
+there through XLA_FLAGS=--xla_force_host_platform_device_count=D (emulated CPU devices
+share this machine's cores: more devices is a check of the sharded program, not a
+speed-up here). Next to the measured peak the table prints `fedjax_rep.linear.memory`'s
+estimate. A configuration that cannot fit stops in its subprocess with the memory check's
+one-line error, shown in the table.
+
+  python benchmarks/scale.py --clients 1e5,1e6,1e7 --mode fresh --rounds 2 --json rows.json
+  python benchmarks/scale.py --clients 1e5,1e6 --mode fresh-statistics --devices 1,8
+
+Rows (--json): n, mode, devices, round, seconds_per_round, init_seconds, warm_up_seconds
+(compilation + two rounds), peak_rss_gb, estimate_gb, load_average, error.
+Modes: fixed (X [n, m, d] in memory), fresh (direct samples), fresh-statistics
+(FreshData(sampler="statistics")). The round is linear FedRep, d=50, k=5, m=10, full
+participation; `--round` picks an entry of ROUNDS, where another kind of round (e.g. a
+neural one) can be registered: a function(config) -> dict of timings, run in the
+subprocess.
+"""
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+
+DIM, REP_DIM, SAMPLES = 50, 5, 10
+MODES = ("fixed", "fresh", "fresh-statistics")
+RESULT = "RESULT "  # prefix of the subprocess's result line
+
+
+def linear_round(config: dict) -> dict:
+  """Runs `config` (n, mode, devices, rounds, block) in this process: memory check, problem,
+  initial state, two warm-up rounds (compile), then `rounds` timed rounds (same programs)."""
+  import jax
+  import jax.numpy as jnp
+
+  import fedjax_rep as fr
+  from fedjax_rep.linear import memory
+
+  n, mode, devices = config["n"], config["mode"], config["devices"]
+  estimate = memory.check(n, DIM, REP_DIM, SAMPLES, mode, block=config["block"],
+                          devices=devices)
+  start = time.perf_counter()
+  problem = fr.make_problem(jax.random.key(0), n, DIM, REP_DIM, math.sqrt(1e-3))
+  if mode == "fixed":
+    data = fr.make_fixed_data(jax.random.key(1), problem, SAMPLES)
+  else:
+    data = fr.FreshData(problem, SAMPLES,
+                        sampler="statistics" if mode == "fresh-statistics" else "direct")
+  algorithm = fr.FedRep(rep_dim=REP_DIM, cohort=n, block=config["block"],
+                        devices=None if devices == 1 else devices)
+  hparams = fr.LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.1))
+  key = jax.random.key(2)
+  state = jax.block_until_ready(fr.init_state(algorithm, data, hparams, key))
+  init_seconds = time.perf_counter() - start
+  # Two warm-up rounds: with devices > 1 the loop's second chunk compiles again (its
+  # `diverged` flag comes back from the first chunk replicated over the devices).
+  warm = fr.run(algorithm, data, hparams, key, 2, state=state, chunk=1, progress=False)
+  rounds = config["rounds"]
+  timed = fr.run(algorithm, data, hparams, key, 2 + rounds, state=warm.state, start_round=2,
+                 diverged=warm.diverged, chunk=1, progress=False)
+  return {"seconds_per_round": timed.seconds / rounds, "init_seconds": init_seconds,
+          "warm_up_seconds": warm.seconds, "estimate_gb": estimate["total"] / 1e9,
+          "estimate": memory.describe(estimate),
+          "final_train_loss": float(timed.metrics["train_loss"][-1])}
+
+
+ROUNDS = {"linear": linear_round}
+
+
+def child(config: dict) -> None:
+  """The subprocess: runs one configuration and prints its result line."""
+  try:
+    result = ROUNDS[config["round"]](config)
+  except ValueError as error:  # the memory check (or a bad configuration): a row, not a crash
+    result = {"error": str(error)}
+  result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+  print(RESULT + json.dumps(result), flush=True)
+
+
+def measure(config: dict, timeout: float) -> dict:
+  """One configuration in a fresh subprocess with `devices` emulated CPU devices."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": f"--xla_force_host_platform_device_count={config['devices']}"}
+  try:
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(config)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return {**config, "error": f"timed out after {timeout:.0f} s"}
+  lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
+  if done.returncode or not lines:
+    tail = (done.stderr.strip().splitlines() or ["?"])[-1]
+    return {**config, "error": f"exit {done.returncode}: {tail}"}
+  return {**config, **json.loads(lines[-1][len(RESULT):]), "load_average": os.getloadavg()[0]}
+
+
+def format_table(rows) -> str:
+  header = (f"{'n':>10} {'mode':>16} {'devices':>7} {'s/round':>9} {'init s':>8} "
+            f"{'peak RSS GB':>11} {'estimate GB':>11}")
+  lines = [header, "-" * len(header)]
+  for r in rows:
+    if "error" in r and "seconds_per_round" not in r:
+      lines.append(f"{r['n']:>10} {r['mode']:>16} {r['devices']:>7}  {r['error']}")
+      continue
+    lines.append(f"{r['n']:>10} {r['mode']:>16} {r['devices']:>7} "
+                 f"{r['seconds_per_round']:>9.3f} {r['init_seconds']:>8.1f} "
+                 f"{r['peak_rss_gb']:>11.2f} {r['estimate_gb']:>11.2f}")
+  return "\n".join(lines)
+
+
+def integers(text: str) -> list[int]:
+  """'1e5,1e6' -> [100000, 1000000]."""
+  return [int(float(item)) for item in text.split(",")]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--clients", type=integers, default=[100_000, 1_000_000],
+                      help="comma-separated numbers of clients, e.g. 1e5,1e6,1e7")
+  parser.add_argument("--mode", default="fresh-statistics",
+                      help=f"comma-separated data modes among {', '.join(MODES)}")
+  parser.add_argument("--devices", type=integers, default=[1],
+                      help="comma-separated device counts, e.g. 1,8")
+  parser.add_argument("--rounds", type=int, default=2, help="timed rounds per configuration")
+  parser.add_argument("--block", type=int, help="clients per block (default: automatic)")
+  parser.add_argument("--round", default="linear", choices=sorted(ROUNDS),
+                      help="the kind of round to time")
+  parser.add_argument("--timeout", type=float, default=900,
+                      help="seconds allowed to one configuration")
+  parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+  parser.add_argument("--child", help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.child:
+    return child(json.loads(args.child))
+  modes = args.mode.split(",")
+  if any(mode not in MODES for mode in modes):
+    parser.error(f"--mode must be among {MODES}, got {args.mode!r}")
+  print(f"FedRep round: d={DIM}, k={REP_DIM}, m={SAMPLES}, full participation, "
+        f"{args.rounds} timed rounds; {len(os.sched_getaffinity(0))} cores, "
+        f"load average {os.getloadavg()[0]:.2f}")
+  rows = []
+  for mode in modes:
+    for n in args.clients:
+      for devices in args.devices:
+        config = {"n": n, "mode": mode, "devices": devices, "rounds": args.rounds,
+                  "block": args.block, "round": args.round}
+        rows.append(measure(config, args.timeout))
+        print(format_table(rows[-1:]).splitlines()[-1], f"  [{rows[-1].get('estimate', '')}]",
+              flush=True)
+  print()
+  print(format_table(rows))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,63 @@
+"""Standard normals exactly as `jax.random.normal` draws them, with Threefry unrolled.
+
+On CPU JAX lowers the Threefry-2x32 hash as a loop of 5 steps whose state goes through
+memory between steps; written out here in jnp (the same 20 rounds, counters, uniform
+and erf_inv), XLA fuses hash and transform into one loop over the output, several times
+faster. The draws are bit-for-bit those of `jax.random.normal(key, shape)` for the default
+key implementation (threefry2x32, `jax_threefry_partitionable`); any other key falls back to
+`jax.random.normal`.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+PARITY = np.uint32(0x1BD11BDA)
+
+
+def _rotate_left(x: jax.Array, bits: int) -> jax.Array:
+  return lax.shift_left(x, np.uint32(bits)) | lax.shift_right_logical(x, np.uint32(32 - bits))
+
+
+def threefry2x32(k1: jax.Array, k2: jax.Array, x1: jax.Array, x2: jax.Array):
+  """The Threefry-2x32 hash (20 rounds) of counters (x1, x2) under key (k1, k2), all
+  uint32 and broadcastable; returns the two uint32 output words."""
+  keys = (k1, k2, k1 ^ k2 ^ PARITY)
+  x1, x2 = x1 + keys[0], x2 + keys[1]
+  for step in range(5):
+    for rotation in ROTATIONS[step % 2]:
+      x1 = x1 + x2
+      x2 = _rotate_left(x2, rotation) ^ x1
+    x1 = x1 + keys[(step + 1) % 3]
+    x2 = x2 + keys[(step + 2) % 3] + np.uint32(step + 1)
+  return x1, x2
+
+
+def _unrolled_applies(key: jax.Array, shape) -> bool:
+  return (str(jax.random.key_impl(key)) == "threefry2x32"
+          and jax.config.jax_threefry_partitionable and math.prod(shape) < 2 ** 32)
+
+
+def normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
+  """jax.random.normal(key, shape, dtype) [shape] (float32), drawn with the unrolled hash.
+
+  key: one typed PRNG key (use `vmap` for many). The bits of entry j (row-major) are
+  threefry2x32(key, (0, j)), XOR-ed, as in JAX; then uniform on [nextafter(-1, 0), 1) and
+  sqrt(2) erf_inv, as in JAX.
+  """
+  if jnp.dtype(dtype) != jnp.float32 or not _unrolled_applies(key, shape):
+    return jax.random.normal(key, shape, dtype)
+  k1, k2 = jax.random.key_data(key)
+  counts = lax.iota(np.uint32, math.prod(shape)).reshape(shape)
+  bits1, bits2 = threefry2x32(k1, k2, jnp.zeros_like(counts), counts)
+  bits = bits1 ^ bits2
+  one = np.array(1.0, np.float32)
+  floats = lax.bitcast_convert_type(
+      lax.shift_right_logical(bits, np.uint32(32 - 23)) | one.view(np.uint32), jnp.float32) - one
+  low = np.nextafter(np.float32(-1.0), np.float32(0.0))
+  uniform = lax.max(low, floats * (one - low) + low)
+  return np.float32(np.sqrt(2)) * lax.erf_inv(uniform)
