@@ -87,3 +87,28 @@ def test_eight_devices_match_one_device(tmp_path):
 @pytest.mark.slow
 def test_eight_devices_match_one_device_in_every_mode(tmp_path):
   compare_eight_with_one(tmp_path, "CASES")
+
+
+RECOMPILE_CHILD = """
+import jax, jax.numpy as jnp
+import fedjax_rep as fr
+chunks = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda name, duration, **kw: chunks.append(1) if name ==
+    "/jax/core/compile/backend_compile_duration" and "_run_chunk" in kw.get("fun_name", "")
+    else None)
+data = fr.FreshData(fr.make_problem(jax.random.key(0), 64, 6, 2, 0.1), 5)
+fr.run(fr.FedRep(rep_dim=2, cohort=64, devices=8), data,
+       fr.LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.1)), jax.random.key(1), 6,
+       chunk=2, progress=False)
+print(len(chunks))
+"""
+
+
+def test_sharded_run_compiles_its_chunk_once():
+  """Three chunks on 8 devices: the chunk program compiles once (the carried `diverged`
+  flag starts replicated over the mesh, as the chunks return it)."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  done = subprocess.run([sys.executable, "-c", RECOMPILE_CHILD], env=env, check=True,
+                        capture_output=True, text=True)
+  assert done.stdout.strip().splitlines()[-1] == "1"

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 from optax import tree_utils as otu
 from tqdm import tqdm
 
@@ -136,6 +137,15 @@ def _split_keys(key, sweep_axes):
   return split_run_key(key)
 
 
+def _placed_like(value, state):
+  """`value` replicated over the mesh of a state sharded over devices (as the chunks return
+  it, so that the second chunk does not compile again); as is for a state on one device."""
+  for leaf in jax.tree.leaves(state):
+    if isinstance(leaf.sharding, NamedSharding):
+      return jax.device_put(value, NamedSharding(leaf.sharding.mesh, PartitionSpec()))
+  return value
+
+
 def _next_boundary(t: int, num_rounds: int, *periods: int) -> int:
   """The first multiple of any of `periods` after round t, capped at num_rounds."""
   return min([num_rounds] + [(t // p + 1) * p for p in periods])
@@ -182,7 +192,8 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     state = jax.tree.map(jnp.copy, state)
   state = jax.block_until_ready(state)
   sweep_shape = () if sweep_axes is None else jax.tree.leaves(state)[0].shape[:1]
-  diverged = np.zeros(sweep_shape, bool) if diverged is None else np.array(diverged, bool)
+  diverged = _placed_like(
+      np.zeros(sweep_shape, bool) if diverged is None else np.array(diverged, bool), state)
   axis = 0 if sweep_axes is None else 1  # the rounds axis of the metrics
   evaluated = isinstance(algorithm, Evaluated)
   periods = [eval_every] if evaluated and eval_every else []
