@@ -59,8 +59,7 @@ def linear_round(config: dict) -> dict:
   key = jax.random.key(2)
   state = jax.block_until_ready(fr.init_state(algorithm, data, hparams, key))
   init_seconds = time.perf_counter() - start
-  # Two warm-up rounds: with devices > 1 the loop's second chunk compiles again (its
-  # `diverged` flag comes back from the first chunk replicated over the devices).
+  # Two warm-up rounds (they compile); the timed rounds continue the same run.
   warm = fr.run(algorithm, data, hparams, key, 2, state=state, chunk=1, progress=False)
   rounds = config["rounds"]
   timed = fr.run(algorithm, data, hparams, key, 2 + rounds, state=warm.state, start_round=2,
