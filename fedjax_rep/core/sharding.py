@@ -58,12 +58,6 @@ def constrain_clients(tree, devices: int | None):
   return jax.tree.map(lambda leaf: jax.lax.with_sharding_constraint(leaf, sharding), tree)
 
 
-def replicate(tree, mesh: Mesh):
-  """`tree` with every leaf copied to every device of the mesh."""
-  sharding = NamedSharding(mesh, PartitionSpec())
-  return jax.tree.map(lambda leaf: jax.device_put(leaf, sharding), tree)
-
-
 def over_clients(fn, devices: int | None, num_clients: int, client_args, client_specs, shared):
   """fn's (sums, outputs) over the client axis, split over `devices` devices.
 

@@ -7,6 +7,7 @@ change. Per-client state is O(n k) (heads, ground-truth heads W*); with fresh da
 else grows with n: clients run in blocks (`blocks.block_size`), whose temporaries are O(block).
 """
 
+import contextlib
 import os
 
 from fedjax_rep.linear import blocks
@@ -56,13 +57,10 @@ def estimate(num_clients: int, dim: int, rep_dim: int, samples: int, mode: str =
 def available_bytes() -> int:
   """Memory available to a new allocation now: MemAvailable of /proc/meminfo, else the free
   physical pages (os.sysconf)."""
-  try:
-    with open("/proc/meminfo") as f:
-      for line in f:
-        if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
+  with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+    for line in f:
+      if line.startswith("MemAvailable:"):
+        return int(line.split()[1]) * 1024
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
