@@ -1,4 +1,5 @@
-"""Seconds per round and peak memory of FedRep rounds from 10^5 to 10^7 clients.
+"""Seconds per round and peak memory of FedRep rounds from 10^5 to 10^7 clients, and of the
+neural round (`--round neural`), on 1 or 8 (emulated) devices.
 
 Each configuration (clients n, data mode, devices) runs in its own subprocess, so its peak
 resident memory (ru_maxrss of that process) is its own; the number of devices is set
@@ -14,10 +15,19 @@ one-line error, shown in the table.
 Rows (--json): n, mode, devices, round, seconds_per_round, init_seconds, warm_up_seconds
 (compilation + two rounds), peak_rss_gb, estimate_gb, load_average, error.
 Modes: fixed (X [n, m, d] in memory), fresh (direct samples), fresh-statistics
-(FreshData(sampler="statistics")). The round is linear FedRep, d=50, k=5, m=10, full
-participation; `--round` picks an entry of ROUNDS, where another kind of round (e.g. a
-neural one) can be registered: a function(config) -> dict of timings, run in the
-subprocess.
+(FreshData(sampler="statistics")). `--round` picks an entry of ROUNDS, a function(config) ->
+dict of timings run in the subprocess:
+
+- linear: FedRep, d=50, k=5, m=10, full participation, `devices` > 1 sharded
+  (FedRep(devices=...)).
+- neural: FedAvg (`fedjax_rep.nn.registry`) with a cohort of a quarter of the n clients,
+  each training the MLP 784->512->256->64->10 of benchmarks/nn_round.py for one local
+  epoch of minibatch SGD (batch 10, lr 0.01, momentum 0.5, weight decay 1e-4) on its own
+  50 synthetic examples (fixed data), in vmap groups of 4 clients; the cohort is drawn over
+  8 client groups on any number of devices, so every row of one n trains the same clients.
+  `devices` > 1 shards the client axis with shard_map (`Personalized.devices`, one psum).
+
+  python benchmarks/scale.py --round neural --clients 32,128,512 --devices 1,8 --rounds 5
 """
 
 import argparse
@@ -70,7 +80,57 @@ def linear_round(config: dict) -> dict:
           "final_train_loss": float(timed.metrics["train_loss"][-1])}
 
 
-ROUNDS = {"linear": linear_round}
+NN_SAMPLES, NN_BATCH, NN_PARTICIPATION, NN_GROUPS, NN_CLIENT_GROUP = 50, 10, 0.25, 8, 4
+
+
+def neural_round(config: dict) -> dict:
+  """Runs `config` (n, devices, rounds) of the neural round in this process: data laid out
+  over the devices, the round compiled ahead of time, one warm-up round, then `rounds`
+  timed rounds, each from the state the previous one left and with its own key."""
+  import jax  # here: the parent process never starts JAX
+
+  from fedjax_rep.core import sharding
+  from fedjax_rep.nn.hparams import hparams as nn_hparams
+  from fedjax_rep.nn.models import make_model
+  from fedjax_rep.nn.registry import make_algorithm
+  from nn_round import synthetic_data  # benchmarks/ is the script's directory
+
+  n, devices = config["n"], None if config["devices"] == 1 else config["devices"]
+  if n % NN_GROUPS or NN_GROUPS % config["devices"]:
+    raise ValueError(f"the neural round draws its cohort over {NN_GROUPS} client groups: "
+                     f"n={n} must be a multiple of {NN_GROUPS} and devices="
+                     f"{config['devices']} a divisor of it")
+  cohort = max(NN_GROUPS, round(NN_PARTICIPATION * n))
+  algorithm = make_algorithm("fedavg", model=make_model("mlp", 10), cohort=cohort,
+                             local_epochs=1, batch_size=NN_BATCH,
+                             client_group=NN_CLIENT_GROUP, cohort_groups=NN_GROUPS,
+                             devices=devices)
+  hparams = nn_hparams(0.01, 0.5, 1e-4)
+  start = time.perf_counter()
+  data = synthetic_data(jax.random.key(0), n, NN_SAMPLES, (28, 28, 1))
+  if devices is not None:
+    data = sharding.shard_clients(data, sharding.client_mesh(devices))
+  state = jax.block_until_ready(jax.jit(algorithm.init)(jax.random.key(1), data, hparams))
+  init_seconds = time.perf_counter() - start
+  key = jax.random.key(2)
+  start = time.perf_counter()
+  round_fn = jax.jit(algorithm.round).lower(state, key, data, hparams).compile()
+  times = []
+  for t in range(config["rounds"] + 1):  # round 0 warms up
+    if t == 1:
+      warm_up_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    state, metrics = jax.block_until_ready(
+        round_fn(state, jax.random.fold_in(key, t), data, hparams))
+    times.append(time.perf_counter() - start)
+  return {"seconds_per_round": sum(times[1:]) / config["rounds"],
+          "init_seconds": init_seconds, "warm_up_seconds": warm_up_seconds,
+          "estimate_gb": None, "cohort": cohort,
+          "final_train_loss": float(metrics["train_loss"])}
+
+
+ROUNDS = {"linear": linear_round, "neural": neural_round}
+MODES_OF = {"linear": MODES, "neural": ("fixed",)}
 
 
 def child(config: dict) -> None:
@@ -109,8 +169,12 @@ def format_table(rows) -> str:
       continue
     lines.append(f"{r['n']:>10} {r['mode']:>16} {r['devices']:>7} "
                  f"{r['seconds_per_round']:>9.3f} {r['init_seconds']:>8.1f} "
-                 f"{r['peak_rss_gb']:>11.2f} {r['estimate_gb']:>11.2f}")
+                 f"{r['peak_rss_gb']:>11.2f} {estimate(r):>11}")
   return "\n".join(lines)
+
+
+def estimate(row) -> str:
+  return "-" if row["estimate_gb"] is None else f"{row['estimate_gb']:.2f}"
 
 
 def integers(text: str) -> list[int]:
@@ -122,8 +186,8 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--clients", type=integers, default=[100_000, 1_000_000],
                       help="comma-separated numbers of clients, e.g. 1e5,1e6,1e7")
-  parser.add_argument("--mode", default="fresh-statistics",
-                      help=f"comma-separated data modes among {', '.join(MODES)}")
+  parser.add_argument("--mode", help=f"comma-separated data modes among {', '.join(MODES)} "
+                      "(default: fresh-statistics; the neural round: fixed)")
   parser.add_argument("--devices", type=integers, default=[1],
                       help="comma-separated device counts, e.g. 1,8")
   parser.add_argument("--rounds", type=int, default=2, help="timed rounds per configuration")
@@ -137,11 +201,15 @@ def main():
   args = parser.parse_args()
   if args.child:
     return child(json.loads(args.child))
-  modes = args.mode.split(",")
-  if any(mode not in MODES for mode in modes):
-    parser.error(f"--mode must be among {MODES}, got {args.mode!r}")
-  print(f"FedRep round: d={DIM}, k={REP_DIM}, m={SAMPLES}, full participation, "
-        f"{args.rounds} timed rounds; {len(os.sched_getaffinity(0))} cores, "
+  modes = (args.mode or ("fixed" if args.round == "neural" else "fresh-statistics")).split(",")
+  if any(mode not in MODES_OF[args.round] for mode in modes):
+    parser.error(f"--mode of the {args.round} round must be among {MODES_OF[args.round]}, "
+                 f"got {args.mode!r}")
+  what = (f"FedRep round: d={DIM}, k={REP_DIM}, m={SAMPLES}, full participation"
+          if args.round == "linear" else
+          f"FedAvg MLP round: {NN_SAMPLES} samples per client, participation "
+          f"{NN_PARTICIPATION}, {NN_GROUPS} cohort groups")
+  print(f"{what}, {args.rounds} timed rounds; {len(os.sched_getaffinity(0))} cores, "
         f"load average {os.getloadavg()[0]:.2f}")
   rows = []
   for mode in modes:
@@ -150,7 +218,8 @@ def main():
         config = {"n": n, "mode": mode, "devices": devices, "rounds": args.rounds,
                   "block": args.block, "round": args.round}
         rows.append(measure(config, args.timeout))
-        print(format_table(rows[-1:]).splitlines()[-1], f"  [{rows[-1].get('estimate', '')}]",
+        detail = rows[-1].get("estimate")
+        print(format_table(rows[-1:]).splitlines()[-1], f"  [{detail}]" if detail else "",
               flush=True)
   print()
   print(format_table(rows))

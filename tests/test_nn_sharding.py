@@ -38,10 +38,9 @@ def small_data(num_clients=NUM_CLIENTS):
 
 
 def algorithm(name, cohort, devices, cohort_groups=GROUPS):
-  return dataclasses.replace(
-      fr.make_neural_algorithm(name, model=MODEL, cohort=cohort, local_epochs=1,
-                               head_epochs=2, ft_epochs=2, batch_size=4, client_group=2),
-      cohort_groups=cohort_groups, devices=devices)
+  return fr.make_neural_algorithm(name, model=MODEL, cohort=cohort, local_epochs=1,
+                                  head_epochs=2, ft_epochs=2, batch_size=4, client_group=2,
+                                  cohort_groups=cohort_groups, devices=devices)
 
 
 @functools.cache

@@ -39,6 +39,20 @@ def test_sample_padded_draws_the_unpadded_cohort(max_clients, max_size):
         np.testing.assert_array_equal(clients[mask], expected)
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 1000, cohort.PACKED_SORT_MAX, cohort.PACKED_SORT_MAX + 3])
+def test_stable_argsort_is_numpys_stable_argsort(n):
+  """Random keys, many ties, and keys equal in their high bits but not their low ones (the
+  packed sort's odd-even passes must order those), one by one and vmapped under jit."""
+  rng = np.random.default_rng(n)
+  keys = np.stack([rng.integers(0, 2**32, n, dtype=np.uint32),
+                   rng.integers(0, 3, n).astype(np.uint32),
+                   (rng.integers(0, 2**12, n) | 0xABC00000).astype(np.uint32),
+                   np.full(n, 2**32 - 1, np.uint32)])
+  expected = np.argsort(keys, axis=1, kind="stable")
+  np.testing.assert_array_equal(jax.jit(jax.vmap(cohort.stable_argsort))(keys), expected)
+  np.testing.assert_array_equal(cohort.stable_argsort(jnp.asarray(keys[2])), expected[2])
+
+
 def test_padding_groups_follow_shuffle_rounds():
   assert common.padding_groups((10, 100, 1000)) == [(10, 100, 1000)]
   assert common.padding_groups((10, 2000, 100)) == [(10, 100), (2000,)]

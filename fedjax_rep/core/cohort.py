@@ -26,6 +26,41 @@ def shuffle_rounds(num_clients: int) -> int:
   return int(np.ceil(3 * np.log(max(1, num_clients)) / np.log(np.iinfo(np.uint32).max)))
 
 
+PACKED_SORT_MAX = 1 << 12  # stable_argsort packs indices into the keys up to this length
+
+
+def stable_argsort(bits: jax.Array) -> jax.Array:
+  """Indices [n] that sort uint32 `bits` [n] stably (ties: the lower index first), as
+  lax.sort_key_val(bits, arange(n)) does.
+
+  Up to PACKED_SORT_MAX items, one single-operand sort of the keys with their low bits
+  replaced by the index (~5x faster than a key-value sort on CPU), then odd-even
+  transposition passes that order items whose high bits tie by their full keys, until no
+  neighbours are out of order (usually none or one pass): exact for any keys.
+  """
+  n = bits.shape[0]
+  if n > PACKED_SORT_MAX:
+    return jax.lax.sort_key_val(bits, jnp.arange(n))[1]
+  shift = max(1, int(np.ceil(np.log2(n))))
+  low = np.uint32((1 << shift) - 1)
+  packed = (bits & ~low) | jnp.arange(n, dtype=jnp.uint32)
+  order = (jnp.sort(packed) & low).astype(jnp.int32)
+  pairs = jnp.arange(n - 1)
+
+  def out_of_order(order):  # [n - 1]: neighbours p, p + 1 in the wrong order
+    b = bits[order]
+    return (b[1:] < b[:-1]) | ((b[1:] == b[:-1]) & (order[1:] < order[:-1]))
+
+  def swap(order, parity):  # swaps the out-of-order pairs (p, p + 1) with p % 2 == parity
+    wrong = out_of_order(order) & (pairs % 2 == parity)
+    down = jnp.append(wrong, False)
+    up = jnp.insert(wrong, 0, False)
+    return jnp.where(down, jnp.roll(order, -1), jnp.where(up, jnp.roll(order, 1), order))
+
+  return jax.lax.while_loop(lambda order: out_of_order(order).any(),
+                            lambda order: swap(swap(order, 0), 1), order)
+
+
 def sample_padded(key: jax.Array, max_clients: int, max_size: int, num_clients: jax.Array,
                   size: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(clients [max_size], mask [max_size]): a cohort of `size` of the first `num_clients`
@@ -39,16 +74,11 @@ def sample_padded(key: jax.Array, max_clients: int, max_size: int, num_clients: 
   """
   index = jnp.arange(max_clients)
   order = index
-  rounds = shuffle_rounds(max_clients)
-  for _ in range(rounds):
+  for _ in range(shuffle_rounds(max_clients)):
     key, subkey = jax.random.split(key)
     bits = jax.random.bits(subkey, (max_clients,), jnp.uint32)
     bits = jnp.where(index < num_clients, bits, jnp.uint32(np.iinfo(np.uint32).max))
-    if rounds == 1:  # only the first max_size of the stable sort: top_k, ~8x faster on CPU
-      descending = jax.lax.bitcast_convert_type(~bits ^ np.uint32(1 << 31), jnp.int32)
-      order = jax.lax.top_k(descending, max_size)[1]  # ties: the lower index first, as sort
-    else:
-      _, order = jax.lax.sort_key_val(bits, order)
+    order = order[stable_argsort(bits)]
   order = jnp.where(size == num_clients, index[:max_size], order[:max_size])
   if max_size == max_clients:
     return index, jnp.zeros(max_clients, bool).at[order].set(index < size)

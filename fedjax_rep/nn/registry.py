@@ -85,13 +85,15 @@ OPTIONS = {f.name: f.default for cls in (FedProx, Ditto, APFL, PerFedAvg, L2GD, 
 
 def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
                    head_epochs: int = 10, batch_size: int = 10, client_group: int | None = 10,
-                   ft_epochs: int = FT_EPOCHS, local_steps: int = 1, **options):
+                   ft_epochs: int = FT_EPOCHS, local_steps: int = 1,
+                   cohort_groups: int | None = None, devices: int | None = None, **options):
   """The neural algorithm registered as `name` (see ALGORITHMS) for `model`
   (`models.make_model`), with its structure: clients per round, epochs (FedRep:
   `head_epochs` of the head, then `local_epochs` of the body; the "+ft" variants:
   `ft_epochs` of head fine-tuning before testing; fedavg-steps: `local_steps` SGD steps
-  per round instead of epochs), minibatch size, client group size, and
-  the baselines' `options` (each algorithm takes those it has: prox_mu, ditto_lambda,
+  per round instead of epochs), minibatch size, client group size, the cohort drawn over
+  `cohort_groups` groups of clients and the client axis sharded over `devices` devices
+  (`algorithm.Personalized`), and the baselines' `options` (each algorithm takes those it has: prox_mu, ditto_lambda,
   apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda, flute_nc, flute_head_norm,
   flute_feature_norm, flute_server_lr)."""
   known = set(OPTIONS)
@@ -100,4 +102,5 @@ def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
   return registry.make(name, "neural", model=model, cohort=cohort, local_epochs=local_epochs,
                        head_epochs=head_epochs, batch_size=batch_size,
                        client_group=client_group, ft_epochs=ft_epochs,
-                       local_steps=local_steps, **options)
+                       local_steps=local_steps, cohort_groups=cohort_groups,
+                       devices=devices, **options)
