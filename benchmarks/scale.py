@@ -73,7 +73,7 @@ def linear_round(config: dict) -> dict:
   warm = fr.run(algorithm, data, hparams, key, 2, state=state, chunk=1, progress=False)
   rounds = config["rounds"]
   timed = fr.run(algorithm, data, hparams, key, 2 + rounds, state=warm.state, start_round=2,
-                 diverged=warm.diverged, chunk=1, progress=False)
+                 diverged=warm.diverged, reference=warm.reference, chunk=1, progress=False)
   return {"seconds_per_round": timed.seconds / rounds, "init_seconds": init_seconds,
           "warm_up_seconds": warm.seconds, "estimate_gb": estimate["total"] / 1e9,
           "estimate": memory.describe(estimate),

@@ -8,7 +8,8 @@ from fedjax_rep.core.cohort import cohort_size, sample_cohort
 from fedjax_rep.core.compile_cache import enable as enable_compile_cache
 from fedjax_rep.core.loop import RunResult, evaluate, init_state, run
 from fedjax_rep.core.padding import Padded, PaddedData
-from fedjax_rep.core.protocols import Algorithm, ClientData, Evaluated, MaskedAlgorithm
+from fedjax_rep.core.protocols import (Algorithm, Checked, ClientData, Evaluated,
+                                      MaskedAlgorithm)
 from fedjax_rep.core.registry import ALGORITHMS
 from fedjax_rep.data import digits
 from fedjax_rep.data.federated import ClientDatasets, client_datasets

@@ -4,7 +4,11 @@ settings with `--grid KEY=V1,V2,...`), check `data`."""
 import argparse
 import csv
 import os
+import shlex
+import signal
 import sys
+
+from fedjax_rep.core import checkpoint
 
 DEFAULT_RECIPE = "fedrep-fig3"
 
@@ -44,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
       epilog="example: fedjax-rep run fedrep-fig3 --quick --set num_clients=100 "
       "--grid lr=0.05,0.1 --grid samples_per_client=5,10 (4 combinations; keys that a "
       "recipe traces run as one compiled program)")
-  run.add_argument("recipe", nargs="?", default=DEFAULT_RECIPE,
+  run.add_argument("recipe", nargs="?", default=None,
                    help=f"recipe name (default: {DEFAULT_RECIPE}); see `fedjax-rep list`")
   run.add_argument("--quick", action="store_true", help="shrunk version that runs in seconds")
   run.add_argument("--seeds", type=int, default=None, help="number of seeds (run as one vmap)")
@@ -57,11 +61,53 @@ def _parser() -> argparse.ArgumentParser:
                    "one line per combination")
   run.add_argument("--out", default=None, help="output directory (default runs/RECIPE-<time>); "
                    "an existing one with the same configuration and grid is resumed")
+  run.add_argument("--overwrite", action="store_true",
+                   help="write into an --out that is not empty and not this run (its earlier "
+                   "parts are deleted and the run starts over)")
+  run.add_argument("--resume", metavar="DIR",
+                   help="continue the run in DIR (recipe, seeds, configuration and grid read "
+                   "from DIR/config.json) from its last checkpoint")
+  run.add_argument("--from-config", metavar="PATH",
+                   help="run again the run that wrote PATH (a config.json), into --out")
+  run.add_argument("--checkpoint-every", type=int, metavar="ROUNDS",
+                   help="also save a checkpoint inside a unit every ROUNDS rounds")
+  run.add_argument("--checkpoint-seconds", type=float, default=checkpoint.DEFAULT_SECONDS,
+                   metavar="S", help="save a checkpoint inside a unit at least every S "
+                   f"seconds (default {checkpoint.DEFAULT_SECONDS:g}); Ctrl-C and SIGTERM "
+                   "save one and stop")
   run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
   run.add_argument("--no-compile-cache", action="store_true",
                    help="do not read or write the persistent compilation cache (default: on, "
                    "in $FEDJAX_REP_CACHE or ~/.cache/fedjax_rep/jax)")
   return parser
+
+
+def _what_to_run(args) -> tuple[str, dict]:
+  """(recipe, run_to_dir's keywords quick, seeds, overrides, grid, out) from the command
+  line, or from the config.json of --resume DIR (out = DIR) or --from-config PATH."""
+  from fedjax_rep.recipes import registry
+  from fedjax_rep.recipes.config import ConfigError
+  if not (args.resume or args.from_config):
+    name = args.recipe or DEFAULT_RECIPE
+    return name, {"quick": args.quick, "seeds": args.seeds, "overrides": args.overrides,
+                  "grid": args.grid, "out": args.out or registry.default_out(name)}
+  option = "--resume" if args.resume else "--from-config"
+  given = [flag for flag, value in (("a recipe name", args.recipe), ("--quick", args.quick),
+                                    ("--seeds", args.seeds), ("--set", args.overrides),
+                                    ("--grid", args.grid),
+                                    ("--from-config", args.resume and args.from_config),
+                                    ("--out", args.resume and args.out)) if value]
+  if given:
+    raise ConfigError(f"{option} reads the recipe, seeds, configuration and grid from "
+                      f"config.json: do not also give {', '.join(given)}")
+  if args.resume:
+    if not os.path.isdir(args.resume):
+      raise ConfigError(f"--resume {args.resume}: no such run directory")
+    what = registry.replay(os.path.join(args.resume, "config.json"))
+    return what.pop("name"), {**what, "out": args.resume}
+  what = registry.replay(args.from_config)
+  name = what.pop("name")
+  return name, {**what, "out": args.out or registry.default_out(name)}
 
 
 def main(argv=None) -> int:
@@ -75,24 +121,32 @@ def main(argv=None) -> int:
   from fedjax_rep.core import compile_cache
   from fedjax_rep.data.missing import DataMissing
   from fedjax_rep.recipes import config as cfg
-  from fedjax_rep.recipes import registry
+  from fedjax_rep.recipes import outputs, registry
   try:
+    recipe, what = _what_to_run(args)
     if not args.no_compile_cache:
       compile_cache.enable()
-    out = registry.run_to_dir(args.recipe, quick=args.quick, seeds=args.seeds,
-                              overrides=args.overrides, grid=args.grid, out=args.out,
-                              progress=not args.no_progress)
-  except (cfg.ConfigError, FileExistsError, DataMissing, compile_cache.CacheError) as error:
+    with checkpoint.stop_on_signals():
+      out = registry.run_to_dir(
+          recipe, **what, progress=not args.no_progress, overwrite=args.overwrite,
+          checkpoint_rounds=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
+  except (cfg.ConfigError, outputs.OutputError, DataMissing, compile_cache.CacheError) as error:
     print(f"fedjax-rep: error: {error}", file=sys.stderr)
     return 2
-  summary = os.path.join(out, registry.get(args.recipe).summary_file)
+  except checkpoint.Interrupted as stop:
+    where = f" after round {stop.round} of {stop.num_rounds} of a unit" if stop.round else ""
+    print(f"fedjax-rep: stopped by {stop.signal_name}{where}; what ran is saved in "
+          f"{what['out']}. Resume with:\n  fedjax-rep run --resume {shlex.quote(what['out'])}",
+          file=sys.stderr)
+    return 128 + getattr(signal, stop.signal_name)
+  summary = os.path.join(out, registry.get(recipe).summary_file)
   if os.path.exists(summary):
     with open(summary) as f:
       table = list(csv.reader(f))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
       print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
-  print(f"wrote {out}/metrics.csv, config.json, {args.recipe}.png"
+  print(f"wrote {out}/metrics.csv, config.json, {recipe}.png"
         + (f", {os.path.basename(summary)}" if os.path.exists(summary) else ""))
   return 0
 

@@ -13,6 +13,12 @@ the rounds are split into chunks, and a run can be resumed from any round.
 Chunk boundaries fall on multiples of `chunk` and of `eval_every`; `evaluate` runs at
 those of `eval_every` and after the last round. The carried state is donated between
 chunks (a state passed in by the caller is copied first, so it stays valid).
+
+A run diverges at the first round whose new state or metrics are not finite, or whose
+tracked metric (`algorithm.tracked_metric`, an optional attribute, where the round reports
+it, else train_loss) exceeds `blowup` times its magnitude at the run's first round (the
+reference, carried like the state, so a resumed run gives the same numbers). A diverged
+run keeps its state from before that round and reports NaN metrics from then on.
 """
 
 import dataclasses
@@ -27,9 +33,17 @@ from jax.sharding import NamedSharding, PartitionSpec
 from optax import tree_utils as otu
 from tqdm import tqdm
 
+from fedjax_rep.core import checkpoint
+from fedjax_rep.core import checks
 from fedjax_rep.core.protocols import Evaluated
 
 DEFAULT_CHUNK = 50
+# The default blow-up factor. Measured on the recipes (--quick): runs that converge keep
+# their train_loss below 8 times its first-round value (unstable SCAFFOLD runs on
+# table1-synthetic swing to 30 times), while runs that blow up reach 1e4 to 1e9 times it
+# (FLUTE in flute-fig4, whose model error reaches 5e3 to 5e13 times its first value) or
+# 1e5 (SCAFFOLD) before they become non-finite or the run ends.
+DEFAULT_BLOWUP = 1e3
 
 
 @dataclasses.dataclass
@@ -38,7 +52,8 @@ class RunResult:
 
   state: the final state; metrics[name]: per-round metrics [rounds] ([sweep, rounds] when
   sweeping); seconds: wall time of the rounds and evaluations (initialisation excluded);
-  diverged: bool [] ([sweep]), to pass back with `state` when resuming;
+  diverged: bool [] ([sweep]), and reference: float32 [] ([sweep]), the tracked metric at
+  the run's first round (NaN when there is none), to pass back with `state` when resuming;
   eval_rounds [E]: the rounds (1-based) after which `evaluate` ran, and eval_metrics[name]
   its metrics [E] ([sweep, E]); empty for algorithms without `evaluate`.
   """
@@ -46,6 +61,7 @@ class RunResult:
   metrics: dict[str, np.ndarray]
   seconds: float
   diverged: Any = None
+  reference: Any = None
   eval_rounds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, int))
   eval_metrics: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
@@ -63,23 +79,40 @@ def all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
-def _scan_rounds(algorithm, state, diverged, data, hparams, rounds_key, start, stop, chunk):
-  """`chunk` rounds from round `start`; returns ((state, diverged), metrics [chunk]).
+def _tracked(algorithm, metrics):
+  """The metric [] that the blow-up bound watches: `algorithm.tracked_metric` (an optional
+  attribute) where the round reports it, else train_loss; None when it reports neither."""
+  for name in (getattr(algorithm, "tracked_metric", None), "train_loss"):
+    if name in metrics:
+      return metrics[name]
+  return None
+
+
+def _scan_rounds(algorithm, state, diverged, reference, data, hparams, rounds_key, start,
+                 stop, blowup, chunk):
+  """`chunk` rounds from round `start`; returns ((state, diverged, reference), metrics [chunk]).
 
   Rounds at or past `stop`, and every round of a diverged run, leave the state as is
-  and report NaN metrics. A round whose new state or metrics are not finite diverges: the
-  state keeps its last finite value and `diverged` (also a metric, 0/1 per round) stays 1
+  and report NaN metrics. A round diverges when its new state or metrics are not finite,
+  or when the tracked metric (`_tracked`) exceeds `blowup` [] times |reference|;
+  the first round run with a NaN `reference` [] sets it to |tracked metric|. A diverged
+  round keeps the state before it, and `diverged` (also a metric, 0/1 per round) stays 1
   from then on.
   """
 
   def step(carry, t):
-    state, _ = carry
+    state, _, reference = carry
     new_state, metrics = algorithm.round(state, jax.random.fold_in(rounds_key, t), data,
                                          hparams)
-    finite = all_finite((new_state, metrics))
-    state = otu.tree_where(finite, new_state, state)
-    metrics = jax.tree.map(lambda m: jnp.where(finite, m, jnp.nan), metrics)
-    return (state, ~finite), {**metrics, "diverged": (~finite).astype(jnp.float32)}
+    ok = all_finite((new_state, metrics))
+    tracked = _tracked(algorithm, metrics)
+    if tracked is not None:
+      value = jnp.abs(tracked).astype(reference.dtype)
+      reference = jnp.where(jnp.isnan(reference), value, reference)
+      ok &= ~(value > blowup * reference)
+    state = otu.tree_where(ok, new_state, state)
+    metrics = jax.tree.map(lambda m: jnp.where(ok, m, jnp.nan), metrics)
+    return (state, ~ok, reference), {**metrics, "diverged": (~ok).astype(jnp.float32)}
 
   def skip(carry, t):
     shapes = jax.eval_shape(step, carry, t)[1]
@@ -89,18 +122,18 @@ def _scan_rounds(algorithm, state, diverged, data, hparams, rounds_key, start, s
   def body(carry, t):
     return jax.lax.cond((t < stop) & ~carry[1], step, skip, carry, t)
 
-  return jax.lax.scan(body, (state, diverged), start + jnp.arange(chunk))
+  return jax.lax.scan(body, (state, diverged, reference), start + jnp.arange(chunk))
 
 
 @functools.partial(jax.jit, static_argnames=("algorithm", "chunk", "sweep_axes"),
-                   donate_argnames=("state", "diverged"))
-def _run_chunk(algorithm, state, diverged, data, hparams, key, start, stop, *,
-               chunk, sweep_axes):
+                   donate_argnames=("state", "diverged", "reference"))
+def _run_chunk(algorithm, state, diverged, reference, data, hparams, key, start, stop, blowup,
+               *, chunk, sweep_axes):
   rounds_key = _split_keys(key, sweep_axes)[1]
   scan = functools.partial(_scan_rounds, algorithm, chunk=chunk)
   if sweep_axes is not None:
-    scan = jax.vmap(scan, in_axes=(0, 0, *sweep_axes, None, None))
-  return scan(state, diverged, data, hparams, rounds_key, start, stop)
+    scan = jax.vmap(scan, in_axes=(0, 0, 0, *sweep_axes, None, None, None))
+  return scan(state, diverged, reference, data, hparams, rounds_key, start, stop, blowup)
 
 
 @functools.partial(jax.jit, static_argnames=("algorithm", "sweep_axes"))
@@ -122,7 +155,9 @@ def _evaluate(algorithm, state, data, hparams, *, sweep_axes):
 
 
 def init_state(algorithm, data, hparams, key, *, sweep_axes=None):
-  """The algorithm's initial state from the run key (jitted; vmapped when sweeping)."""
+  """The algorithm's initial state from the run key (jitted; vmapped when sweeping), after
+  checking the inputs (`checks.check_run`: before anything is traced or compiled)."""
+  checks.check_run(algorithm, data, hparams, key, sweep_axes=sweep_axes)
   return _init(algorithm, key, data, hparams, sweep_axes=sweep_axes)
 
 
@@ -146,13 +181,41 @@ def _placed_like(value, state):
   return value
 
 
+EVAL_PREFIX = "eval:"  # names of the evaluation metrics in a checkpoint's history
+
+
+def _joined(pieces, eval_pieces, axis):
+  """(metrics, eval_metrics) of the chunks and evaluations run so far: metrics[name]
+  [(sweep,) rounds], eval_metrics[name] [(sweep,) evaluations]."""
+  metrics = {name: np.concatenate([p[name] for p in pieces], axis=axis) for name in pieces[0]}
+  eval_metrics = {name: np.stack([np.asarray(p[name]) for p in eval_pieces], axis=axis)
+                  for name in (eval_pieces[0] if eval_pieces else {})}
+  return metrics, eval_metrics
+
+
+def _history(pieces, eval_pieces, axis) -> dict[str, np.ndarray]:
+  """A checkpoint's history: `_joined`'s metrics, and its eval_metrics under EVAL_PREFIX."""
+  metrics, eval_metrics = _joined(pieces, eval_pieces, axis)
+  return {**metrics, **{EVAL_PREFIX + name: v for name, v in eval_metrics.items()}}
+
+
+def _split_history(history, eval_rounds, axis):
+  """(pieces, eval_rounds, eval_pieces) of a checkpoint's history (`_history`)."""
+  pieces = [{k: v for k, v in history.items() if not k.startswith(EVAL_PREFIX)}]
+  evals = {k[len(EVAL_PREFIX):]: v for k, v in history.items() if k.startswith(EVAL_PREFIX)}
+  eval_pieces = [{k: np.take(v, i, axis=axis) for k, v in evals.items()}
+                 for i in range(len(eval_rounds))]
+  return pieces, list(eval_rounds), eval_pieces
+
+
 def _next_boundary(t: int, num_rounds: int, *periods: int) -> int:
   """The first multiple of any of `periods` after round t, capped at num_rounds."""
   return min([num_rounds] + [(t // p + 1) * p for p in periods])
 
 
 def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_round: int = 0,
-        diverged=None, chunk: int | None = None, eval_every: int | None = None,
+        diverged=None, reference=None, blowup: float | None = DEFAULT_BLOWUP,
+        chunk: int | None = None, eval_every: int | None = None,
         sweep_axes: tuple | None = None, progress: bool = True,
         desc: str | None = None) -> RunResult:
   """Runs rounds [start_round, num_rounds) of `algorithm` and returns state and metrics.
@@ -166,6 +229,10 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     start_round: index of the first round to run (resume).
     diverged: the `diverged` flags of the run being resumed (RunResult.diverged); default
       none diverged.
+    reference: the tracked metric's first-round values of the run being resumed
+      (RunResult.reference); default: taken from the first round run here.
+    blowup: a run diverges when its tracked metric exceeds `blowup` times its first-round
+      value (see module docstring); default DEFAULT_BLOWUP (1e3); None: no bound.
     chunk: rounds per compiled scan; one compilation serves every chunk.
     eval_every: for algorithms with `evaluate`: evaluate after every `eval_every` rounds
       (and after the last); None: after the last round only.
@@ -174,10 +241,13 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     progress: show a progress bar (rounds done / total, rounds per second).
   Returns:
     RunResult with metrics[name] of shape [rounds] ([sweep, rounds] when sweeping), where
-    rounds = num_rounds - start_round. A run whose state (or a metric) becomes non-finite
-    stops there (the state keeps its last finite value; the rest of a sweep goes on): from
-    that round on metrics["diverged"] is 1 and the other metrics are NaN.
+    rounds = num_rounds - start_round. A run that diverges (its state or a metric becomes
+    non-finite, or its tracked metric exceeds the bound) stops there (the state keeps its
+    value before that round; the rest of a sweep goes on): from that round on
+    metrics["diverged"] is 1 and the other metrics are NaN.
   """
+  if state is not None:  # without a state, init_state checks the inputs
+    checks.check_run(algorithm, data, hparams, key, state, sweep_axes)
   if isinstance(num_rounds, bool) or not isinstance(num_rounds, (int, np.integer)) \
       or num_rounds < 1:
     raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
@@ -186,6 +256,8 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
   for name, value in (("chunk", chunk), ("eval_every", eval_every)):
     if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
       raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
+  if blowup is not None and not blowup > 0:
+    raise ValueError(f"blowup must be a number > 0 or None, got {blowup!r}")
   if state is None:
     state = init_state(algorithm, data, hparams, key, sweep_axes=sweep_axes)
   else:  # the chunks donate the state they carry: keep the caller's arrays valid
@@ -194,21 +266,32 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
   sweep_shape = () if sweep_axes is None else jax.tree.leaves(state)[0].shape[:1]
   diverged = _placed_like(
       np.zeros(sweep_shape, bool) if diverged is None else np.array(diverged, bool), state)
+  reference = _placed_like(np.full(sweep_shape, np.nan, np.float32) if reference is None
+                           else np.array(reference, np.float32), state)
+  blowup = jnp.float32(np.inf if blowup is None else blowup)
   axis = 0 if sweep_axes is None else 1  # the rounds axis of the metrics
   evaluated = isinstance(algorithm, Evaluated)
   periods = [eval_every] if evaluated and eval_every else []
   todo = num_rounds - start_round
   chunk = min(chunk or eval_every or DEFAULT_CHUNK, todo)
   pieces, eval_rounds, eval_pieces = [], [], []
-  start_time = time.perf_counter()
-  bar = tqdm(total=todo, unit="round", disable=not progress, desc=desc or algorithm.name,
-             leave=False)
   t = start_round
+  slot = checkpoint.next_slot()
+  if slot is not None:
+    periods += [slot.every_rounds] if slot.every_rounds else []
+    restored = slot.restore({"state": state, "diverged": diverged, "reference": reference})
+    if restored is not None:
+      t, carry, history, meta = restored
+      state, diverged, reference = carry["state"], carry["diverged"], carry["reference"]
+      pieces, eval_rounds, eval_pieces = _split_history(history, meta["eval_rounds"], axis)
+  start_time = time.perf_counter()
+  bar = tqdm(total=todo, initial=t - start_round, unit="round", disable=not progress,
+             desc=desc or algorithm.name, leave=False)
   while t < num_rounds:
     stop = _next_boundary(t, num_rounds, chunk, *periods)
-    (state, diverged), metrics = _run_chunk(
-        algorithm, state, diverged, data, hparams, key, jnp.asarray(t),
-        jnp.asarray(stop), chunk=chunk, sweep_axes=sweep_axes)
+    (state, diverged, reference), metrics = _run_chunk(
+        algorithm, state, diverged, reference, data, hparams, key, jnp.asarray(t),
+        jnp.asarray(stop), blowup, chunk=chunk, sweep_axes=sweep_axes)
     metrics = jax.device_get(metrics)
     pieces.append({k: np.take(v, np.arange(stop - t), axis=axis) for k, v in metrics.items()})
     if evaluated and (stop == num_rounds or (eval_every and stop % eval_every == 0)):
@@ -217,11 +300,17 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
                                                  sweep_axes=sweep_axes)))
     bar.update(stop - t)
     t = stop
+    stopping = checkpoint.stop_requested()
+    if slot is not None and t < num_rounds and (stopping or slot.due(t)):
+      slot.save(t, {"state": state, "diverged": diverged, "reference": reference},
+                _history(pieces, eval_pieces, axis), {"eval_rounds": eval_rounds})
+    if stopping:
+      bar.close()
+      raise checkpoint.Interrupted(stopping, t, num_rounds)
   bar.close()
   jax.block_until_ready(state)
-  metrics = {name: np.concatenate([p[name] for p in pieces], axis=axis) for name in pieces[0]}
-  eval_metrics = {name: np.stack([np.asarray(p[name]) for p in eval_pieces], axis=axis)
-                  for name in (eval_pieces[0] if eval_pieces else {})}
+  metrics, eval_metrics = _joined(pieces, eval_pieces, axis)
   return RunResult(state=state, metrics=metrics, seconds=time.perf_counter() - start_time,
-                   diverged=diverged, eval_rounds=np.array(eval_rounds, int),
+                   diverged=diverged, reference=reference,
+                   eval_rounds=np.array(eval_rounds, int),
                    eval_metrics=eval_metrics)

@@ -13,8 +13,11 @@ from typing import Any
 
 import jax
 from flax import struct
+from jax.sharding import PartitionSpec
 
+from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
+from fedjax_rep.core.protocols import Checked
 
 
 @struct.dataclass
@@ -44,6 +47,24 @@ class Padded:
   def name(self) -> str:
     return self.inner.name
 
+  def check(self, data: PaddedData, hparams) -> None:
+    """The checks of a run, before anything compiles (`core.checks`): 1 <= cohort <= active
+    <= num_clients, cohort at most the inner algorithm's, then the inner algorithm's checks
+    of the unpadded run (its first `active` clients, its cohort) where these numbers are
+    concrete, of the padded data otherwise."""
+    inner, inner_data = self.inner, data.data
+    if checks.concrete(data.active, data.cohort):
+      active, cohort = int(data.active), int(data.cohort)
+      checks.in_range("PaddedData.active", active, 1, data.num_clients,
+                      "the padded number of clients", "pad to at least the active clients")
+      checks.in_range("PaddedData.cohort", cohort, 1, min(active, self.inner.cohort),
+                      "the active clients, at most the inner algorithm's cohort",
+                      "give the inner algorithm the largest cohort of the padded runs")
+      inner = dataclasses.replace(self.inner, cohort=cohort)
+      inner_data = first_clients(data.data, active)
+    if isinstance(inner, Checked):
+      inner.check(inner_data, hparams)
+
   def init(self, key, data: PaddedData, hparams):
     return self.inner.init(key, data.data, hparams)
 
@@ -52,3 +73,12 @@ class Padded:
     clients, mask = cohort_lib.sample_padded(key_cohort, data.num_clients, self.inner.cohort,
                                              data.active, data.cohort)
     return self.inner.masked_round(state, key_data, data.data, hparams, clients, mask)
+
+
+def first_clients(data, n: int):
+  """`data` restricted to its first n clients: every leaf that the data's `client_specs`
+  marks as per-client (every leaf, for data without `client_specs`) cut to n rows."""
+  mark = PartitionSpec("clients")
+  marks = (data.client_specs(mark) if hasattr(data, "client_specs")
+           else jax.tree.map(lambda _: mark, data))
+  return jax.tree.map(lambda leaf, spec: leaf[:n] if spec == mark else leaf, data, marks)

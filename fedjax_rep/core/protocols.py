@@ -60,3 +60,14 @@ class Evaluated(Protocol):
 
   def evaluate(self, state: Any, data: ClientData, hparams: Any) -> Metrics:
     """Scalar metrics of `state` on `data`."""
+
+
+@runtime_checkable
+class Checked(Protocol):
+  """An algorithm that checks a run's inputs before anything is traced or compiled (the
+  loop calls `check` through `core.checks.check_run`)."""
+
+  def check(self, data: ClientData, hparams: Any) -> None:
+    """Raises ValueError on one run's `data` that it cannot run on (and on `hparams`, whole:
+    they may carry a leading sweep axis); warns on inputs that run but mean little. Arrays
+    are numpy where concrete, `jax.ShapeDtypeStruct` where traced (`core.checks`)."""

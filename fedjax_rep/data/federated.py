@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from fedjax_rep.core import checks
+
 
 @struct.dataclass
 class ClientDatasets:
@@ -36,6 +38,62 @@ class ClientDatasets:
   def samples(self) -> int:
     """m: the padded number of training samples per client."""
     return self.x.shape[1]
+
+  def check(self, classes: int | None = None) -> None:
+    """Raises ValueError on datasets no algorithm can train on: no clients or training rows,
+    shapes that disagree, counts outside [0, m] (test_counts: [0, t]), no training sample
+    at all, non-finite inputs and labels outside [0, classes) (default num_classes; a
+    model's outputs) naming the client and sample. Warns on clients without training
+    samples or whose training inputs are all zero. Values are checked where concrete
+    (`core.checks`)."""
+    classes = self.num_classes if classes is None else classes
+    n, m = self.x.shape[:2]
+    t = self.x_test.shape[1]
+    checks.in_range("num_clients (x.shape[0])", n, 1, advice="pass at least one client")
+    checks.in_range("training rows per client (x.shape[1])", m, 1,
+                    advice="the clients need training samples")
+    shapes = {"y": (n, m), "counts": (n,), "x_test": (n, t, *self.x.shape[2:]),
+              "y_test": (n, t), "test_counts": (n,)}
+    for name, shape in shapes.items():
+      if tuple(getattr(self, name).shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)} but x "
+                         f"{tuple(self.x.shape)} needs {shape}: ClientDatasets holds x [clients, "
+                         f"rows, *features], y [clients, rows], counts [clients], and the same "
+                         f"for the test split")
+    for name in ("x", "x_test"):
+      checks.finite(name, getattr(self, name), ("client", "sample"))
+    for name in ("y", "y_test"):
+      labels = getattr(self, name)
+      bad = np.argwhere((labels < 0) | (labels >= classes)) if checks.concrete(labels) else []
+      if len(bad):
+        client, sample = bad[0]
+        raise ValueError(f"{name}[{client}, {sample}] = {labels[client, sample]} (client "
+                         f"{client}, sample {sample}) is not a class in [0, {classes}) (the "
+                         f"data's num_classes and the model's outputs); relabel the data or "
+                         f"use a model with more classes")
+    for name, rows in (("counts", m), ("test_counts", t)):
+      counts = getattr(self, name)
+      bad = np.flatnonzero((counts < 0) | (counts > rows)) if checks.concrete(counts) else []
+      if len(bad):
+        raise ValueError(f"{name}[{bad[0]}] = {counts[bad[0]]} (client {bad[0]}) is out of "
+                         f"range: it must be in [0, {rows}] (the rows each client has)")
+    if not checks.concrete(self.x, self.counts):
+      return
+    if not self.counts.any():
+      raise ValueError("counts are all 0: no client has a training sample to train on")
+    empty = np.flatnonzero(self.counts == 0)
+    if empty.size:
+      checks.warn(f"{empty.size} of {n} clients have no training samples "
+                  f"({checks.clients_text(empty)}): they never train and weigh nothing in the "
+                  f"server's averages, yet their test accuracy counts; drop them unless meant")
+    if np.issubdtype(self.x.dtype, np.inexact):
+      real = np.arange(m) < self.counts[:, None]
+      zero = np.flatnonzero(~(self.x.reshape(n, m, -1).any(axis=-1) & real).any(axis=1)
+                            & (self.counts > 0))
+      if zero.size:
+        checks.warn(f"{zero.size} of {n} clients have only zeros in their training inputs x "
+                    f"({checks.clients_text(zero)}): they carry no signal; drop them or check "
+                    f"how the data were built")
 
   def sample_counts(self, clients: jax.Array) -> jax.Array:
     """Number of real training samples [c] (float32) of clients `clients` [c]."""

@@ -27,8 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
-from fedjax_rep.core.protocols import Evaluated, MaskedAlgorithm
+from fedjax_rep.core.protocols import Checked, Evaluated, MaskedAlgorithm
 from fedjax_rep.hetero import clock, schedule, speeds as speeds_lib
 from fedjax_rep.hetero.speeds import SpeedModel
 
@@ -75,6 +76,23 @@ class Timed:
     if not isinstance(self.inner, MaskedAlgorithm):
       raise TypeError(f"Timed needs an algorithm with masked_round (core.protocols."
                       f"MaskedAlgorithm); {type(self.inner).__name__} has none")
+
+  def check(self, data, hparams: TimedHparams) -> None:
+    """The checks of a run, before anything compiles (`core.checks`): the inner algorithm's,
+    1 <= cohort <= num_clients and participants in [1, cohort] (where concrete)."""
+    if not isinstance(hparams, TimedHparams):
+      raise TypeError(f"{self.name} takes TimedHparams (fr.timed_hparams(inner, participants, "
+                      f"comm_cost)), got {type(hparams).__name__}")
+    if isinstance(self.inner, Checked):
+      self.inner.check(data, hparams.inner)
+    checks.in_range("cohort", self.cohort, 1, data.num_clients, "the number of clients",
+                    "sample at most that many clients per round")
+    participants = hparams.participants
+    if checks.concrete(participants) and not np.all((participants >= 1)
+                                                    & (participants <= self.cohort)):
+      raise ValueError(f"hparams.participants must be in [1, cohort={self.cohort}] in every "
+                       f"round; got {participants.min()} to {participants.max()}: build them "
+                       f"with fixed_participants or srpfl_participants")
 
   def init(self, key, data, hparams: TimedHparams) -> TimedState:
     if self.speeds.num_clients != data.num_clients:

@@ -14,11 +14,12 @@ import jax.numpy as jnp
 from flax import struct
 
 from fedjax_rep.core import aggregate
+from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
-from fedjax_rep.linear.problem import Targets
+from fedjax_rep.linear.problem import Targets, check_data
 
 
 @struct.dataclass
@@ -65,10 +66,20 @@ def global_grad_norm(B, w, batch) -> jax.Array:
   return jnp.sqrt(jnp.sum(grad ** 2) * jnp.sum(w ** 2) + jnp.sum((B.T @ grad) ** 2))
 
 
+def check_model(B, w, dim: int) -> None:
+  """Raises ValueError unless B is [dim, k] and w [k] (w None: B alone); shapes only, so it
+  runs before anything compiles, on traced arrays too."""
+  if len(B.shape) != 2 or B.shape[0] != dim or (w is not None and tuple(w.shape) != B.shape[1:]):
+    head = "" if w is None else f" and w {tuple(w.shape)}"
+    raise ValueError(f"the model must be B [dim={dim}, k]{'' if w is None else ' and w [k]'}; "
+                     f"got B {tuple(B.shape)}{head}")
+
+
 def fine_tuned_models(B, w, batch, lr, steps: int, train_body: bool = True) -> jax.Array:
   """Personal models theta_i = B_i w_i [c, d] after each client of `batch` fine-tunes the
   global (B [d, k], w [k]) by `steps` GD steps on its own loss: head and body, or the head
   only (train_body=False). FedAvg + FT."""
+  check_model(B, w, jax.tree.leaves(batch)[0].shape[-1])
   B_i, w_i = jax.vmap(local_gd, in_axes=(None, None, 0, None, None, None))(
       B, w, batch, lr, steps, train_body)
   return jnp.einsum("cdk,ck->cd", B_i, w_i)
@@ -83,6 +94,16 @@ class FedAvg:
   head_fit: bool = False
   init_method: str = "moments"
   name: str = "fedavg"
+
+  def __post_init__(self):
+    checks.positive_ints("FedAvg", rep_dim=self.rep_dim, cohort=self.cohort,
+                         local_steps=self.local_steps)
+
+  def check(self, data, hparams: LinearHparams) -> None:
+    """The checks of a run, before anything compiles (`problem.check_data`); fewer samples
+    than rep_dim warn only with per-client heads (`head_fit`)."""
+    del hparams
+    check_data(data, self.rep_dim, self.cohort, heads=self.head_fit)
 
   def init(self, key, data, hparams: LinearHparams) -> GlobalState:
     """B0 by `init_method`; the head starts at zero."""

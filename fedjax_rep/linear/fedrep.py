@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from fedjax_rep.core import aggregate
+from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import sharding
 from fedjax_rep.core import tree
@@ -30,6 +31,7 @@ from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
+from fedjax_rep.linear.problem import check_data
 
 TRACED_HEAD_STEPS = "traced"  # FedRep.head_steps: read the number from hparams.head_steps
 
@@ -86,6 +88,7 @@ class FedRep:
   client_groups: int | None = None
 
   def __post_init__(self):
+    checks.positive_ints("FedRep", rep_dim=self.rep_dim, cohort=self.cohort)
     blocks.block_size(1, 1, self.block)  # validates block
     sharding.check_devices(self.devices)
     groups = self.groups
@@ -100,6 +103,11 @@ class FedRep:
     if self.client_groups is not None:
       return self.client_groups
     return self.devices if (self.devices or 1) > 1 else None
+
+  def check(self, data, hparams: LinearHparams) -> None:
+    """The checks of a run, before anything compiles (`problem.check_data`)."""
+    del hparams
+    check_data(data, self.rep_dim, self.cohort)
 
   def init(self, key, data, hparams: LinearHparams) -> RepState:
     """B0 by `init_method`; heads start at zero."""

@@ -24,10 +24,12 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_rep.core import aggregate
+from fedjax_rep.core import checks
 from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.fedrep import RepState
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
+from fedjax_rep.linear.problem import check_data
 
 LOSSES = {"half-mean": 0.5, "mean": 1.0}  # L_i = scale * (1/N) sum of squared residuals
 GAMMA1, GAMMA2 = 0.25, 0.125  # Theorem 5.1
@@ -72,10 +74,20 @@ class Flute:
   rep_dim: int
   loss: str = "half-mean"
   name: str = "flute"
+  # The blow-up bound of the loop watches the model error: it measures the state after the
+  # round's update, while train_loss measures the one before it (a round late).
+  tracked_metric = "model_error"
 
   def __post_init__(self):
     if self.loss not in LOSSES:
       raise ValueError(f"FLUTE loss must be one of {tuple(LOSSES)}, got {self.loss!r}")
+    checks.positive_ints("Flute", rep_dim=self.rep_dim)
+
+  def check(self, data, hparams: LinearHparams) -> None:
+    """The checks of a run, before anything compiles (`problem.check_data`; every client
+    takes part every round)."""
+    del hparams
+    check_data(data, self.rep_dim)
 
   def init(self, key, data, hparams: LinearHparams) -> RepState:
     """B0 [d, k] and W0^T [M, k] with i.i.d. N(0, alpha^2) entries, alpha = 1/(10 d)."""

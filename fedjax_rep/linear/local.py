@@ -5,7 +5,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fedjax_rep.linear.fedavg import fine_tuned_models
+from fedjax_rep.linear.fedavg import check_model, fine_tuned_models
 from fedjax_rep.linear.heads import fit_models
 from fedjax_rep.linear.metrics import mean_squared_error
 from fedjax_rep.linear.problem import random_heads, sample
@@ -30,6 +30,8 @@ def new_client_error(key: jax.Array, B: jax.Array | None, B_star: jax.Array, noi
   R^d (local only). Errors are mean squared errors over clients and test samples (noise
   included). The same clients and samples serve every m_new and every B.
   """
+  if B is not None:
+    check_model(B, None, B_star.shape[0])
   key_heads, key_train, key_test = jax.random.split(key, 3)
   true_heads = random_heads(key_heads, num_clients, B_star.shape[1])
   X, y = sample(key_train, B_star, true_heads, noise_std, max(sample_counts))
@@ -51,6 +53,7 @@ def fine_tune_error(key: jax.Array, B: jax.Array, w: jax.Array, B_star: jax.Arra
   n samples, from (B, w). Returns the mean over clients of ||B' w' - B* w*||^2 (FedAvg-FT
   Fig. 3, right).
   """
+  check_model(B, w, B_star.shape[0])
   key_heads, key_train = jax.random.split(key)
   true_heads = jax.random.normal(key_heads, (num_clients, B_star.shape[1]))
   X, y = sample(key_train, B_star, true_heads, noise_std, max(sample_counts))

@@ -18,9 +18,11 @@ the round's `basis`) and the partition of their leaves over devices (`client_spe
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jax.sharding import PartitionSpec
 
+from fedjax_rep.core import checks
 from fedjax_rep.linear import fresh_statistics
 from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import metrics as metrics_lib
@@ -102,6 +104,72 @@ class FixedData:
   counts: jax.Array | None = None
   models: jax.Array | None = None
 
+  def check_layout(self) -> None:
+    """Raises ValueError unless the arrays' shapes agree: X [n, m, d] with n, m >= 1, y [n, m],
+    counts [n] in [1, m] (where concrete), X_test [n, t, d] with y_test [n, t], models [n, d],
+    B_star [d, k']."""
+    X, y = self.X, self.y
+    if len(X.shape) != 3 or tuple(y.shape) != tuple(X.shape[:2]):
+      raise ValueError(f"client data must be X [clients, samples, dim] and y [clients, samples]; "
+                       f"got X {tuple(X.shape)} and y {tuple(y.shape)}")
+    n, m, d = X.shape
+    checks.in_range("num_clients (X.shape[0])", n, 1,
+                    advice="pass the data of at least one client")
+    checks.in_range("samples per client (X.shape[1])", m, 1,
+                    advice="every client needs at least one sample")
+    if self.counts is not None:
+      rule = f"counts must be [clients={n}] integers in [1, samples={m}]"
+      if tuple(self.counts.shape) != (n,):
+        raise ValueError(f"{rule}; got shape {tuple(self.counts.shape)}")
+      bad = np.flatnonzero((self.counts < 1) | (self.counts > m)) if checks.concrete(
+          self.counts) else []
+      if len(bad):
+        raise ValueError(f"{rule}; got counts[{bad[0]}] = {self.counts[bad[0]]} (client "
+                         f"{bad[0]}): a client needs at least one sample; drop empty clients")
+    if (self.X_test is None) != (self.y_test is None):
+      raise ValueError("pass both X_test and y_test, or neither")
+    if self.X_test is not None:
+      X_test, y_test = self.X_test, self.y_test
+      if (len(X_test.shape) != 3 or X_test.shape[0] != n or X_test.shape[2] != d
+          or tuple(y_test.shape) != tuple(X_test.shape[:2])):
+        raise ValueError(f"test data must be X_test [{n}, samples, {d}] and y_test [{n}, "
+                         f"samples]; got {tuple(X_test.shape)} and {tuple(y_test.shape)}")
+    if self.models is not None and tuple(self.models.shape) != (n, d):
+      raise ValueError(f"models must be [clients={n}, dim={d}]; got {tuple(self.models.shape)}")
+    if self.B_star is not None and (len(self.B_star.shape) != 2 or self.B_star.shape[0] != d):
+      raise ValueError(f"B_star must be [dim={d}, rep_dim]; got {tuple(self.B_star.shape)}")
+
+  def check(self, rep_dim: int, heads: bool = True) -> None:
+    """Raises ValueError on data a linear algorithm with rep_dim k cannot run on: a bad layout
+    (`check_layout`), k > d, non-finite values (naming the client and sample), values too
+    large for float32 (`check_scale`). Warns on clients whose X is all zero and, where
+    clients fit heads (`heads`), on clients with fewer samples than k. Values are checked
+    where concrete (`core.checks`)."""
+    self.check_layout()
+    n, m, d = self.X.shape
+    checks.in_range("rep_dim", rep_dim, 1, d, "the data's dimension d", "choose a smaller rep_dim")
+    for name in ("X", "y", "X_test", "y_test"):
+      checks.finite(name, getattr(self, name), ("client", "sample"))
+    checks.finite("models", self.models, ("client",), "ground-truth models must be finite")
+    checks.finite("B_star", self.B_star, advice="the ground-truth subspace must be finite")
+    if not checks.concrete(self.X, self.y):
+      return
+    check_scale("X", "y", self.X, self.y)
+    if self.X_test is not None:
+      check_scale("X_test", "y_test", self.X_test, self.y_test)
+    zero = np.flatnonzero(~self.X.any(axis=(1, 2)))
+    if zero.size:
+      checks.warn(f"{zero.size} of {n} clients have only zeros in X "
+                  f"({checks.clients_text(zero)}): they carry no signal for the representation "
+                  f"or their heads; drop them or check how the data were built")
+    counts = np.full(n, m) if self.counts is None else self.counts
+    few = np.flatnonzero(counts < rep_dim)
+    if heads and few.size:
+      checks.warn(f"{few.size} of {n} clients have fewer samples than rep_dim = {rep_dim} "
+                  f"({checks.clients_text(few)}): their least-squares heads are "
+                  f"underdetermined (minimum-norm) and say little about the representation; "
+                  f"give every client >= {rep_dim} samples or lower rep_dim")
+
   def sample_counts(self, clients: jax.Array) -> jax.Array:
     """Number of real samples [c] of clients `clients` [c]."""
     if self.counts is None:
@@ -182,6 +250,25 @@ class ProblemData:
   def B_star(self) -> jax.Array:
     return self.problem.B_star
 
+  def check(self, rep_dim: int, heads: bool = True) -> None:
+    """Raises ValueError on a problem a linear algorithm with rep_dim k cannot run on: B_star
+    not [d, k*] or W_star not [n, k*] with n >= 1, k > d, non-finite B_star, W_star or
+    noise_std, noise_std < 0 (values where concrete). `heads`: see `FreshData.check`."""
+    del heads
+    B_star, W_star, noise_std = self.problem.B_star, self.problem.W_star, self.problem.noise_std
+    if len(B_star.shape) != 2 or len(W_star.shape) != 2 or B_star.shape[1] != W_star.shape[1]:
+      raise ValueError(f"the problem must have B_star [dim, k*] and W_star [clients, k*]; got "
+                       f"{tuple(B_star.shape)} and {tuple(W_star.shape)}")
+    checks.in_range("num_clients (W_star.shape[0])", W_star.shape[0], 1,
+                    advice="the problem needs at least one client")
+    checks.in_range("rep_dim", rep_dim, 1, self.dim, "the data's dimension d",
+                    "choose a smaller rep_dim")
+    checks.finite("B_star", B_star, advice="the ground-truth subspace must be finite")
+    checks.finite("W_star", W_star, ("client",), "ground-truth heads must be finite")
+    checks.finite("noise_std", noise_std, advice="it must be a finite number >= 0")
+    if checks.concrete(noise_std) and np.any(noise_std < 0):
+      raise ValueError(f"noise_std = {noise_std} is out of range: it must be >= 0")
+
   def refit_models(self, B: jax.Array) -> None:
     """None: there are no fixed local datasets to refit heads on (clients keep theirs)."""
     del B
@@ -211,6 +298,16 @@ class FreshData(ProblemData):
   def __post_init__(self):
     if self.sampler not in SAMPLERS:
       raise ValueError(f"FreshData sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+    checks.positive_ints("FreshData", samples=self.samples)
+
+  def check(self, rep_dim: int, heads: bool = True) -> None:
+    """`ProblemData.check`, and where clients fit heads (`heads`) a warning when every
+    client draws fewer samples per round than k."""
+    super().check(rep_dim)
+    if heads and self.samples < rep_dim:
+      checks.warn(f"every client draws samples = {self.samples} < rep_dim = {rep_dim} per "
+                  f"round: the least-squares heads are underdetermined (minimum-norm) and say "
+                  f"little about the representation; draw >= {rep_dim} samples or lower rep_dim")
 
   def sample_counts(self, clients: jax.Array) -> jax.Array:
     return jnp.full(clients.shape, self.samples, jnp.float32)
@@ -292,32 +389,47 @@ def make_fixed_data(key: jax.Array, problem: LinearProblem, samples: int,
 
 
 def client_data(X, y, *, X_test=None, y_test=None, B_star=None, counts=None) -> FixedData:
-  """Wraps user-supplied client data (X [n, m, d], y [n, m]) after checking shapes.
+  """Wraps user-supplied client data (X [n, m, d], y [n, m]) after checking their layout
+  (`FixedData.check_layout`; their values are checked when a run starts).
 
   For datasets of different sizes pass `counts` [n]: client i's real samples are its first
   counts[i] rows; the rest are padding and are set to zero here.
   """
-  X, y = jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)
-  if X.ndim != 3 or y.shape != X.shape[:2]:
-    raise ValueError(f"client data must be X [clients, samples, dim] and y [clients, samples]; "
-                     f"got X {X.shape} and y {y.shape}")
-  if counts is not None:
-    counts = jnp.asarray(counts, jnp.int32)
-    if counts.shape != X.shape[:1] or not bool(jnp.all((counts >= 1) & (counts <= X.shape[1]))):
-      raise ValueError(f"counts must be [clients={X.shape[0]}] integers in [1, samples="
-                       f"{X.shape[1]}]; got {counts}")
-    real = jnp.arange(X.shape[1])[None, :] < counts[:, None]
-    X, y = jnp.where(real[..., None], X, 0.0), jnp.where(real, y, 0.0)
-  if (X_test is None) != (y_test is None):
-    raise ValueError("pass both X_test and y_test, or neither")
-  if X_test is not None:
-    X_test, y_test = jnp.asarray(X_test, jnp.float32), jnp.asarray(y_test, jnp.float32)
-    if X_test.ndim != 3 or X_test.shape[0] != X.shape[0] or X_test.shape[2] != X.shape[2] \
-        or y_test.shape != X_test.shape[:2]:
-      raise ValueError(f"test data must be X_test [{X.shape[0]}, samples, {X.shape[2]}] and "
-                       f"y_test [{X.shape[0]}, samples]; got {X_test.shape} and {y_test.shape}")
-  if B_star is not None:
-    B_star = jnp.asarray(B_star, jnp.float32)
-    if B_star.ndim != 2 or B_star.shape[0] != X.shape[2]:
-      raise ValueError(f"B_star must be [dim={X.shape[2]}, rep_dim]; got {B_star.shape}")
-  return FixedData(X=X, y=y, X_test=X_test, y_test=y_test, B_star=B_star, counts=counts)
+  as_array = lambda a, dtype=jnp.float32: None if a is None else jnp.asarray(a, dtype)
+  data = FixedData(X=as_array(X), y=as_array(y), X_test=as_array(X_test),
+                   y_test=as_array(y_test), B_star=as_array(B_star),
+                   counts=as_array(counts, jnp.int32))
+  checks.host(data).check_layout()
+  if counts is None:
+    return data
+  real = jnp.arange(data.samples)[None, :] < data.counts[:, None]
+  return data.replace(X=jnp.where(real[..., None], data.X, 0.0), y=jnp.where(real, data.y, 0.0))
+
+
+def check_scale(x_name: str, y_name: str, X: np.ndarray, y: np.ndarray) -> None:
+  """Raises ValueError when the sum over samples of (1 + |x|^2)(1 + y^2), which bounds the
+  Gram and moment matrices and the losses that linear training forms, overflows float32;
+  X [n, m, d], y [n, m] (numpy, finite)."""
+  with np.errstate(over="ignore"):
+    squares = np.einsum("nmd,nmd->nm", X, X)  # in X's dtype: overflows to inf
+  scale = (1.0 + squares.astype(np.float64)) * (1.0 + y.astype(np.float64) ** 2)
+  total = scale.sum()
+  if total < checks.FLOAT32_MAX:
+    return
+  client, sample = np.unravel_index(np.argmax(scale), scale.shape)
+  raise ValueError(f"{x_name} and {y_name} are too large for float32: the sum over samples of "
+                   f"(1 + |x|^2)(1 + y^2) is {total:.3g}, past float32's "
+                   f"{checks.FLOAT32_MAX:.3g} (largest at client {client}, sample {sample}); "
+                   f"rescale the data (e.g. standardise X and y)")
+
+
+def check_data(data, rep_dim: int, cohort: int | None = None, heads: bool = True) -> None:
+  """A linear algorithm's checks of one run's data (its `check`, before anything compiles):
+  the data's own `check` for rep_dim k (data without one: none; `heads`: the clients fit
+  heads, so fewer samples than k warn), then 1 <= cohort <= num_clients (None: every client
+  takes part every round)."""
+  if hasattr(data, "check"):
+    data.check(rep_dim, heads)
+  if cohort is not None:
+    checks.in_range("cohort", cohort, 1, data.num_clients, "the number of clients",
+                    "sample at most that many clients per round")

@@ -55,11 +55,12 @@ for _args in [
 ALGORITHMS = registry.ALGORITHMS["linear"]
 
 
-def make_algorithm(name: str, *, rep_dim: int, cohort: int, local_steps: int = 1,
+def make_algorithm(name: str, *, rep_dim: int, cohort: int | None = None, local_steps: int = 1,
                    init_method: str = "moments", loss: str = "half-mean"):
   """The round-based linear algorithm registered as `name`: 'fedrep', 'fedrep-ri', 'gd-gd',
   'Ngd-gd', 'fedavg' (with `local_steps`), 'fedavg-tauN' (N local steps), 'd-gd' (one local
-  step) or 'flute' (with loss normalisation `loss`; every client every round, so `cohort`
-  does not apply). Local-only training is `local.local_models` (no rounds)."""
+  step), all of which need `cohort`, or 'flute' (with loss normalisation `loss`; every
+  client every round, so no cohort). Local-only training is `local.local_models` (no
+  rounds)."""
   return registry.make(name, "linear", rep_dim=rep_dim, cohort=cohort, local_steps=local_steps,
                        init_method=init_method, loss=loss)

@@ -36,6 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from optax import tree_utils as otu
 
 from fedjax_rep.core import aggregate
+from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import sharding
 from fedjax_rep.core import tree
@@ -135,6 +136,16 @@ class Personalized:
   def initial_parts(self, flat: dict) -> tuple[dict, dict]:
     """(shared, one client's personal) parts of the state for initial model params `flat`."""
     return params_lib.split(flat, self.labels(flat))
+
+  def check(self, data, hparams: NNHparams) -> None:
+    """The checks of a run, before anything compiles (`core.checks`): the data's own
+    (`ClientDatasets.check`, with labels below the classes the model's head outputs too),
+    1 <= cohort <= num_clients and the sharding (`check_sharding`)."""
+    del hparams
+    data.check(min(data.num_classes, getattr(self.model, "num_classes", data.num_classes)))
+    checks.in_range("cohort", self.cohort, 1, data.num_clients, "the number of clients",
+                    "sample at most that many clients per round")
+    self.check_sharding(data.num_clients)
 
   def init(self, key, data, hparams: NNHparams) -> NNState:
     """The model's initial params (one draw: every client starts from the same model); when

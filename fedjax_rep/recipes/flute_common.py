@@ -45,6 +45,9 @@ class ProblemConfig:
                                      0.125)
   loss: str = cfg.choice("FLUTE's loss normalisation: half-mean (1/2N, stable at eta=0.03) or "
                          "mean (1/N, Algorithm 1 as printed)", "half-mean", tuple(LOSSES))
+  blowup: float = cfg.nonnegative_float(
+      "a run diverges when its model error (FedRep: train loss) exceeds blowup x its "
+      "first-round value, or becomes non-finite; 0: no bound", loop.DEFAULT_BLOWUP)
   seed: int = cfg.seed()
 
 
@@ -131,7 +134,8 @@ def run_cell(config, keys, unit, progress, *, rep_dim, num_clients, samples, alg
           loop.init_state(algorithm, data, hparams(config, np.full(block, gamma1)),
                           block_keys, sweep_axes=(0, 0, 0)) for _, algorithm, gamma1 in runs])
       return loop.run(program, tiled, hp, run_keys, config.rounds, state=state,
-                      sweep_axes=(0, 0, 0), progress=progress, desc=cell).metrics
+                      blowup=config.blowup or None, sweep_axes=(0, 0, 0), progress=progress,
+                      desc=cell).metrics
 
     metrics = unit(cell, compute)
     for r, (name, _, gamma1) in enumerate(runs):
@@ -215,14 +219,14 @@ def run_grid(config, seeds, unit, progress, *, rep_dims, client_counts, samples)
 
 
 def grid_figure(rows, config, file, *, rep_dims, client_counts, samples, title):
-  """One panel per (k, M, N): rows k, columns (M, N)."""
+  """One panel per (k, M, N): rows k, columns (M, N); with one (M, N) (flute-fig1), the k
+  panels in a near-square grid."""
   columns = [(m, n) for m in client_counts for n in samples]
-  fig, axes = plotting.figure(len(columns), rows=len(rep_dims))
-  axes = axes.reshape(len(rep_dims), len(columns))
-  for i, k in enumerate(rep_dims):
-    for j, (m, n) in enumerate(columns):
-      cell = plotting.select(rows, rep_dim=k, num_clients=m, samples_per_client=n)
-      panel(axes[i, j], cell, [(LABELS.get(a, a), {"algorithm": a}) for a in config.algorithms],
-            f"k={k}, M={m}, N={n}")
+  cells = [(k, m, n) for k in rep_dims for m, n in columns]
+  fig, axes = plotting.grid_of(len(cells), len(columns) if len(columns) > 1 else None)
+  for ax, (k, m, n) in zip(axes, cells):
+    cell = plotting.select(rows, rep_dim=k, num_clients=m, samples_per_client=n)
+    panel(ax, cell, [(LABELS.get(a, a), {"algorithm": a}) for a in config.algorithms],
+          f"k={k}, M={m}, N={n}")
   fig.suptitle(title)
   plotting.save(fig, file)

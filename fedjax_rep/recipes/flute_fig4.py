@@ -39,7 +39,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
 
 
 def plot(rows, config: Config, file) -> None:
-  fig, axes = plotting.figure(len(config.samples_per_client))
+  fig, axes = plotting.grid_of(len(config.samples_per_client))
   for ax, n in zip(axes, config.samples_per_client):
     fc.panel(ax, rows, [(f"gamma1 = {r:.3g} gamma2", {"gamma1": float(r * config.gamma2),
                                                        "samples_per_client": n})

@@ -1,21 +1,28 @@
 """Run directories: atomic writes, resumable units, metrics.csv and config.json."""
 
 import csv
+import hashlib
 import io
 import json
 import os
 import platform
-import tempfile
+import shutil
+import subprocess
+import uuid
 from importlib import metadata
 
 import numpy as np
 from flax import traverse_util
 
+from fedjax_rep.core import checkpoint
+
 
 def atomic_write(path: str, write) -> None:
-  """Calls write(file) on a temporary file beside `path`, then renames it onto `path`."""
+  """Calls write(file) on a temporary file beside `path`, then renames it onto `path`. The
+  file is created with mode 0666 less the user's umask, like any file a program writes."""
   directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+  tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
+  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
   try:
     with os.fdopen(fd, "wb") as f:
       write(f)
@@ -24,6 +31,36 @@ def atomic_write(path: str, write) -> None:
     if os.path.exists(tmp):
       os.unlink(tmp)
     raise
+
+
+def source_fingerprint() -> str:
+  """sha256 of the package's Python sources (paths and contents): the code that wrote a run."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  digest = hashlib.sha256()
+  for directory, subdirs, files in sorted(os.walk(root)):
+    subdirs.sort()
+    for name in sorted(f for f in files if f.endswith(".py")):
+      path = os.path.join(directory, name)
+      digest.update(os.path.relpath(path, root).encode() + b"\0")
+      with open(path, "rb") as f:
+        digest.update(f.read() + b"\0")
+  return digest.hexdigest()
+
+
+def revision() -> str:
+  """The git commit of the package's checkout ('+' when its sources differ from it), or
+  'unknown' outside a git checkout."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
+                          text=True, timeout=10)
+    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "."],
+                           capture_output=True, text=True, timeout=10)
+  except (OSError, subprocess.TimeoutExpired):
+    return "unknown"
+  if head.returncode:
+    return "unknown"
+  return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 def versions() -> dict[str, str]:
@@ -52,25 +89,76 @@ def csv_text(rows: list[dict], first=("algorithm", "seed", "round")) -> str:
   return buffer.getvalue()
 
 
+class OutputError(OSError):
+  """--out cannot hold this run: one line saying why and what to do (the CLI exits 2)."""
+
+
+class OtherRun(OutputError, FileExistsError):
+  """--out holds another run (another recipe, configuration, seeds, grid or code)."""
+
+
 class RunDir:
   """An output directory. Units of work finished earlier (same configuration, seeds and
-  grid; a config.json without a grid is a run without one) are reused, so an interrupted
-  run continues where it stopped when started again with the same --out."""
+  grid, written by the same code; a config.json without a grid is a run without one) are
+  reused, and a unit's checkpoints (`core.checkpoint`, every `every_rounds` rounds or
+  `every_seconds` seconds) resume it mid-way, so an interrupted run continues where it
+  stopped when started again with the same --out.
 
-  def __init__(self, path: str, config: dict):
-    self.path = path
-    os.makedirs(os.path.join(path, "parts"), exist_ok=True)
-    config_path = os.path.join(path, "config.json")
-    if os.path.exists(config_path):
-      with open(config_path) as f:
-        previous = json.load(f)
-      current = json.loads(json.dumps(config))  # tuples -> lists, as stored
-      if any(previous.get(key) != current.get(key) for key in ("config", "seeds")) or (
-          previous.get("grid") or {}) != (current.get("grid") or {}):
-        raise FileExistsError(
-            f"{path} holds a run with a different configuration, seeds or grid; choose "
-            f"another --out (or delete the directory) to start a new run")
+  Refused with an OutputError before any work: a path that is a file or cannot be
+  created, a non-empty directory that is not a run of this recipe, and a run of it with
+  another configuration or written by other code, unless `overwrite` (then the directory's
+  earlier parts are deleted and the run starts over; other files are left alone).
+  """
+
+  def __init__(self, path: str, config: dict, *, overwrite: bool = False,
+               every_rounds: int | None = None,
+               every_seconds: float | None = checkpoint.DEFAULT_SECONDS):
+    self.path, self.every_rounds, self.every_seconds = path, every_rounds, every_seconds
+    if os.path.exists(path) and not os.path.isdir(path):
+      raise OutputError(f"--out {path} is a file, not a directory: give a directory (a new "
+                        f"one is created)")
+    if not overwrite:
+      self._check_previous(config)
+    parts = os.path.join(path, "parts")
+    if overwrite and os.path.isdir(parts):
+      shutil.rmtree(parts)
+    try:
+      os.makedirs(parts, exist_ok=True)
+    except OSError as error:
+      raise OutputError(f"--out {path} cannot be created ({error.strerror}): give a "
+                        f"directory you can write to") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+      raise OutputError(f"--out {path} is not writable: give a directory you can write to")
     self.write_json("config.json", config)
+
+  def _check_previous(self, config: dict) -> None:
+    """Refuses (OtherRun) a non-empty `path` that is not a run of config's recipe with the
+    same configuration, seeds and grid, written by the same code."""
+    if not os.path.isdir(self.path) or not os.listdir(self.path):
+      return
+    hint = "choose another --out, or pass --overwrite to start it over"
+    try:
+      with open(os.path.join(self.path, "config.json")) as f:
+        previous = json.load(f)
+    except (OSError, ValueError):
+      previous = {}
+    if previous.get("recipe") != config["recipe"]:
+      what = (f"a run of {previous['recipe']}" if previous.get("recipe")
+              else "files that are not a run")
+      raise OtherRun(f"--out {self.path} is not empty and not a run of {config['recipe']} "
+                     f"(it holds {what}); choose another --out, or pass --overwrite to write "
+                     f"into it")
+    current = json.loads(json.dumps(config))  # tuples -> lists, as stored
+    if any(previous.get(key) != current.get(key) for key in ("config", "seeds")) or (
+        previous.get("grid") or {}) != (current.get("grid") or {}):
+      raise OtherRun(f"{self.path} holds a run with a different configuration, seeds or "
+                     f"grid; {hint}")
+    written = (previous.get("code") or {}).get("source")
+    if written and written != current["code"]["source"] and os.listdir(
+        os.path.join(self.path, "parts")):
+      raise OtherRun(f"{self.path} holds parts written by other code (revision "
+                     f"{previous['code'].get('revision')}, this is "
+                     f"{current['code']['revision']}): they may not match; {hint}")
 
   def write_json(self, name: str, value) -> None:
     atomic_write(os.path.join(self.path, name),
@@ -82,12 +170,16 @@ class RunDir:
 
   def unit(self, name: str, compute):
     """compute() -> a dict of arrays, possibly nested (dicts of dicts: e.g. a final state's
-    params), saved as parts/NAME.npz under '/'-joined keys; loaded instead if already there."""
+    params), saved as parts/NAME.npz under '/'-joined keys; loaded instead if already there.
+    While it computes, its runs checkpoint into parts/NAME.ckpt (deleted once it is saved)."""
     path = os.path.join(self.path, "parts", name + ".npz")
     if os.path.exists(path):
       with np.load(path) as saved:
         return traverse_util.unflatten_dict({k: saved[k] for k in saved.files}, sep="/")
-    result = compute()
+    checkpoints = os.path.join(self.path, "parts", name + ".ckpt")
+    with checkpoint.scope(checkpoints, self.every_rounds, self.every_seconds):
+      result = compute()
     flat = traverse_util.flatten_dict(result, sep="/")
     atomic_write(path, lambda f: np.savez(f, **{k: np.asarray(v) for k, v in flat.items()}))
+    shutil.rmtree(checkpoints, ignore_errors=True)
     return result

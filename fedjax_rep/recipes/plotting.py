@@ -4,8 +4,12 @@ Figures are `matplotlib.figure.Figure` objects rendered straight to PNG: no pypl
 importing fedjax_rep never changes the user's matplotlib backend.
 """
 
+import math
+import textwrap
+
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 
 def select(rows, **where):
@@ -34,11 +38,15 @@ def curves(rows, x: str, y: str, along: str | None = None, **where):
 
 LINESTYLES = ("-", "--", ":", "-.")
 GRID_LINE = "grid"  # the gid of a line of one grid combination
+DIVERGED_RUN = "diverged-run"  # the gid of a diverged run's curve (outside the autoscaling)
+DIVERGED_MARK = "diverged-mark"  # the gid of the x at a diverged run's last finite point
 
 
 def line(ax, rows, x, y, label, along=None, **where):
-  """Mean over seeds as a line with a min-max band (see `curves`). Runs that diverged are
-  flagged: the label says how many seeds diverged, and an x marks the first divergence.
+  """Mean over seeds as a line with a min-max band (see `curves`), over the runs that did
+  not diverge. Runs that diverged are flagged: the label says how many seeds diverged, and
+  on a per-round x axis (x = "round" or along = "round") each is drawn thin up to its last
+  finite point, where an x marks it; the y-limits leave them out (see `_fit_diverged`).
 
   Rows of a grid (a `grid` column: the label 'KEY=VALUE, ...' of their combination) get one
   line and band per combination, labelled "LABEL (KEY=VALUE, ...)" without the keys that
@@ -56,23 +64,53 @@ def line(ax, rows, x, y, label, along=None, **where):
 
 
 def _line(ax, rows, x, y, label, along, linestyle, gid=None):
-  """One mean line with its min-max band and divergence flags, over all of `rows`."""
-  xs, mean, low, high = curves(rows, x, y, along)
-  diverged = {r["seed"]: r["diverged_round"] for r in rows if r.get("diverged_round")}
+  """One mean line with its min-max band over the rows of runs that did not diverge
+  (`diverged_round` 0), and the diverged runs' curves and marks, over all of `rows`."""
+  diverged = {}  # seed: the rows of its diverged run
+  for r in rows:
+    if r.get("diverged_round"):
+      diverged.setdefault(r["seed"], []).append(r)
   if diverged:
-    seeds = len({r["seed"] for r in rows})
-    label = f"{label} (diverged: {len(diverged)}/{seeds} seeds)"
-  if not len(xs):
-    ax.plot([], [], label=label, ls=linestyle, gid=gid)
-    return
-  (handle,) = ax.plot(xs, mean, label=label, marker="o" if len(xs) < 20 else None, ms=3,
+    label = f"{label} (diverged at x: {len(diverged)}/{len({r['seed'] for r in rows})} seeds)"
+  xs, mean, low, high = curves([r for r in rows if not r.get("diverged_round")], x, y, along)
+  (handle,) = ax.plot(xs, mean, label=label, marker="o" if 0 < len(xs) < 20 else None, ms=3,
                       ls=linestyle, gid=gid)
-  ax.fill_between(xs, low, high, color=handle.get_color(), alpha=0.2, linewidth=0)
-  if diverged and x == "round":
-    first = min(diverged.values())
-    last_finite = max(np.searchsorted(xs, first) - 1, 0)
-    ax.plot([first], [mean[last_finite]], marker="x", ms=9, mew=2, color=handle.get_color(),
-            ls="none")
+  if len(xs):
+    ax.fill_between(xs, low, high, color=handle.get_color(), alpha=0.2, linewidth=0)
+  if along != "round" and x != "round":
+    return
+  for run in diverged.values():
+    xs, values = curves(run, x, y, along)[:2]
+    if len(xs):
+      ax.add_artist(Line2D(xs, values, lw=0.8, alpha=0.6, ls=linestyle,
+                           color=handle.get_color(), gid=DIVERGED_RUN))
+      ax.add_artist(Line2D(xs[-1:], values[-1:], marker="x", ms=8, mew=2, ls="none",
+                           color=handle.get_color(), clip_on=False, gid=DIVERGED_MARK))
+
+
+def _fit_diverged(ax) -> None:
+  """Keeps the y-limits that the autoscaling gives the curves of runs that did not diverge
+  (diverged runs' curves were added outside it), or where no run of the panel is left
+  (its data limits have no height), takes in the diverged runs' curves; then moves each
+  divergence mark into the y-limits: a run that left them is marked at their edge, which
+  moves out by 6% of the axis (on its scale) to make room for the mark."""
+  runs = [a for a in ax.lines if a.get_gid() == DIVERGED_RUN]
+  if runs and not ax.dataLim.height > 0:
+    for run in runs:
+      ax.update_datalim(run.get_xydata())
+    ax.autoscale_view()
+  marks = [a for a in ax.lines if a.get_gid() == DIVERGED_MARK]
+  if not marks:
+    return
+  low, high = sorted(ax.get_ylim())
+  values = np.concatenate([mark.get_ydata() for mark in marks])
+  scale = ax.yaxis.get_transform()
+  scaled_low, scaled_high = scale.transform([low, high])
+  pad = 0.06 * (scaled_high - scaled_low)
+  ax.set_ylim(scale.inverted().transform([scaled_low - pad * (values < low).any(),
+                                          scaled_high + pad * (values > high).any()]))
+  for mark in marks:
+    mark.set_ydata(np.clip(mark.get_ydata(), low, high))
 
 
 def _legend_below(fig, bottom: float) -> float:
@@ -99,9 +137,22 @@ def _legend_below(fig, bottom: float) -> float:
   return (below + height) / fig.get_figheight()
 
 
+def _fit_title(fig) -> None:
+  """Wraps the figure's title (suptitle) onto lines that fit the figure's width."""
+  title = fig.get_suptitle()
+  if title:
+    fontsize = 12  # points: matplotlib's "large", the default suptitle size
+    chars = int(fig.get_figwidth() * 72 / (0.55 * fontsize))  # an average character's width
+    fig.suptitle(textwrap.fill(title, max(chars, 20)), fontsize=fontsize)
+
+
 def save(fig, file, bottom: float = 0.0) -> None:
-  """Lays the figure out (leaving the `bottom` fraction free, e.g. for a figure legend, and
+  """Lays the figure out (y-limits without the diverged runs, see `_fit_diverged`; the title
+  wrapped to the width; leaving the `bottom` fraction free, e.g. for a figure legend, and
   room for the legend of grid lines, see `_legend_below`) and writes it to `file` as PNG."""
+  for ax in fig.axes:
+    _fit_diverged(ax)
+  _fit_title(fig)
   fig.tight_layout(rect=(0, _legend_below(fig, bottom), 1, 1))
   fig.savefig(file, format="png", dpi=120)
 
@@ -111,6 +162,18 @@ def figure(panels: int, width: float = 4.2, height: float = 3.4, rows: int = 1):
   fig = Figure(figsize=(width * panels, height * rows))
   axes = fig.subplots(rows, panels, squeeze=False)
   return fig, axes[0] if rows == 1 else axes
+
+
+def grid_of(panels: int, columns: int | None = None, width: float = 4.2,
+            height: float = 3.4):
+  """A figure of `panels` axes [panels] in rows of `columns` (default the near-square
+  ceil(sqrt(panels))), the last row's unused cells left empty."""
+  columns = columns or math.ceil(math.sqrt(panels))
+  fig, axes = figure(columns, width, height, rows=-(-panels // columns))
+  axes = np.reshape(axes, -1)
+  for ax in axes[panels:]:
+    ax.remove()
+  return fig, axes[:panels]
 
 
 LABELS = {"local": "Local only", "fedavg": "FedAvg", "fedrep": "FedRep"}

@@ -9,9 +9,11 @@ combination ("lr=0.3, num_clients=100"); figures draw one line per label.
 
 import dataclasses
 import datetime
+import json
 import os
 from typing import Callable
 
+from fedjax_rep.core import checkpoint
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import outputs
 
@@ -152,20 +154,27 @@ def _summary(recipe, rows, config, grid) -> list[dict]:
 
 
 def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(),
-               grid=(), out: str | None = None, progress: bool = True) -> str:
+               grid=(), out: str | None = None, progress: bool = True, overwrite: bool = False,
+               checkpoint_rounds: int | None = None,
+               checkpoint_seconds: float | None = checkpoint.DEFAULT_SECONDS) -> str:
   """Runs recipe `name` over every combination of `grid` (as `run`) and writes
-  metrics.csv, config.json (with the grid), NAME.png (and the summary table, e.g.
-  summary.csv or table1.csv, where the recipe has one) into `out`.
+  metrics.csv, config.json (with the grid and the code's revision), NAME.png (and the
+  summary table, e.g. summary.csv or table1.csv, where the recipe has one) into `out`.
 
-  Finished units are saved under out/parts, so running again with the same `out`,
-  configuration and grid resumes instead of starting over. Returns the output directory.
+  Finished units are saved under out/parts, and a unit's runs checkpoint every
+  `checkpoint_rounds` rounds or `checkpoint_seconds` seconds, so running again with the
+  same `out`, configuration and grid (e.g. `replay(out/config.json)`) resumes instead of
+  starting over. `out` must be new, empty or such a run (`outputs.RunDir`; `overwrite`
+  starts it over). Returns the output directory.
   """
   recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
-  if out is None:
-    out = os.path.join("runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-  run_dir = outputs.RunDir(out, {"recipe": name, "quick": quick, "seeds": seeds,
-                                 "config": dataclasses.asdict(config), "grid": grid,
-                                 "versions": outputs.versions()})
+  out = default_out(name) if out is None else out
+  run_dir = outputs.RunDir(
+      out, {"recipe": name, "quick": quick, "seeds": seeds,
+            "config": dataclasses.asdict(config), "grid": grid,
+            "code": {"revision": outputs.revision(), "source": outputs.source_fingerprint()},
+            "versions": outputs.versions()},
+      overwrite=overwrite, every_rounds=checkpoint_rounds, every_seconds=checkpoint_seconds)
   rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
   swept = (*grid, "grid") if grid else ()
   run_dir.write_csv("metrics.csv", rows, first=("algorithm", "seed", "round", *swept))
@@ -175,3 +184,40 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   outputs.atomic_write(os.path.join(out, f"{name}.png"),
                        lambda f: recipe.plot(rows, _figure_config(config, grid), f))
   return out
+
+
+def default_out(name: str) -> str:
+  """runs/NAME-<date>-<time>: where a run of recipe `name` started now writes by default."""
+  return os.path.join("runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+
+
+def _setting_text(value) -> str:
+  """A configuration value as --set writes it (sequences comma-separated, floats exact)."""
+  if isinstance(value, (list, tuple)):
+    return ",".join(map(_setting_text, value))
+  return repr(value) if isinstance(value, float) else str(value)
+
+
+def replay(config_path: str) -> dict:
+  """The keywords of `run_to_dir` (name, quick, seeds, overrides, grid) that run again
+  the run that wrote `config_path` (its config.json): every configuration field as a --set
+  item, checked as any. ConfigError when the file cannot be read or names no recipe."""
+  try:
+    with open(config_path) as f:
+      saved = json.load(f)
+  except OSError as error:
+    raise cfg.ConfigError(f"cannot read {config_path} ({error.strerror}): give the "
+                          f"config.json of a run directory") from None
+  except ValueError as error:
+    raise cfg.ConfigError(f"{config_path} is not a run's config.json ({error})") from None
+  if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+    raise cfg.ConfigError(f"{config_path} is not a run's config.json (no 'config' entry)")
+  name = saved.get("recipe")
+  if name not in RECIPES:
+    raise cfg.ConfigError(f"{config_path} names recipe {name!r}, which is not one of "
+                          f"{', '.join(RECIPES)}")
+  grid = saved.get("grid") or {}
+  return {"name": name, "quick": bool(saved.get("quick")), "seeds": saved.get("seeds"),
+          "overrides": [f"{key}={_setting_text(value)}"
+                        for key, value in saved["config"].items() if key not in grid],
+          "grid": {key: tuple(values) for key, values in grid.items()}}

@@ -160,10 +160,8 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
     settings = [{**setting, "grid": label} for setting in settings for label in grids]
   summary = table(rows, config, dataset, settings, paper)
   names = list(config.algorithms)
-  columns = min(len(settings), 3)
-  grid = -(-len(settings) // columns)
-  fig, axes = plotting.figure(columns, width=4.0, height=0.3 * len(names) + 1.4, rows=grid)
-  axes = np.asarray(axes).reshape(-1)
+  fig, axes = plotting.grid_of(len(settings), min(len(settings), 3), width=4.0,
+                               height=0.3 * len(names) + 1.4)
   for ax, setting in zip(axes, settings):
     entries = {e["algorithm"]: e for e in summary if all(e[k] == v for k, v in setting.items())}
     ys = np.arange(len(names))[::-1]
@@ -179,8 +177,6 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
     ax.set_yticks(ys, [labels[n] for n in names], fontsize=8)
     ax.set(xlim=(0, 1), xlabel="test accuracy", title=setting_label(setting))
     ax.grid(axis="x", alpha=0.3)
-  for ax in axes[len(settings):]:
-    ax.set_visible(False)
   height = fig.get_figheight()
   fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
   fig.suptitle(title)

@@ -1,0 +1,148 @@
+"""Checkpoints inside a run: what `loop.run` carries between chunks (the state, the
+divergence flags) and the metrics so far, saved with orbax every K rounds or T seconds and
+when a stop is requested (SIGINT, SIGTERM), and restored when the same run starts again.
+
+A `scope` (one per unit of work of a recipe, `recipes.outputs.RunDir.unit`) gives each
+`loop.run` call inside it, in order, its own `Slot`: a directory of orbax steps (the round
+reached). Outside a scope runs save nothing. Saves are synchronous, so a state is on disk
+before the next chunk reuses its buffers; orbax writes each step to a temporary directory
+and renames it when complete, so a process killed mid-save leaves the last step intact.
+"""
+
+import contextlib
+import contextvars
+import dataclasses
+import os
+import signal
+import time
+
+import numpy as np
+
+DEFAULT_SECONDS = 60.0  # a long unit saves at least this often (at its chunk boundaries)
+
+
+class Interrupted(Exception):
+  """A stop was requested (SIGINT/SIGTERM under `stop_on_signals`): the run saved a
+  checkpoint at `round` of `num_rounds` (when inside a scope) and stopped."""
+
+  def __init__(self, signal_name: str, round: int | None = None, num_rounds: int | None = None):
+    where = f" at round {round} of {num_rounds}" if round is not None else ""
+    super().__init__(f"stopped by {signal_name}{where}")
+    self.signal_name, self.round, self.num_rounds = signal_name, round, num_rounds
+
+
+@dataclasses.dataclass
+class _Scope:
+  directory: str
+  every_rounds: int | None
+  every_seconds: float | None
+  calls: int = 0
+
+
+_SCOPE = contextvars.ContextVar("fedjax_rep_checkpoint_scope", default=None)
+_STOP = {"signal": None}  # the name of the signal that asked to stop, once one did
+
+
+@contextlib.contextmanager
+def scope(directory: str, every_rounds: int | None = None,
+          every_seconds: float | None = DEFAULT_SECONDS):
+  """Within it, the i-th `loop.run` call checkpoints into directory/run<i>: after the
+  chunks that end on a multiple of `every_rounds`, and after the first chunk that ends
+  `every_seconds` or more after the last save (None: never by that rule)."""
+  for name, value in (("every_rounds", every_rounds), ("every_seconds", every_seconds)):
+    if value is not None and (isinstance(value, bool) or not value > 0):
+      raise ValueError(f"checkpoint {name} must be > 0 or None, got {value!r}")
+  token = _SCOPE.set(_Scope(directory, every_rounds, every_seconds))
+  try:
+    yield
+  finally:
+    _SCOPE.reset(token)
+
+
+def next_slot() -> "Slot | None":
+  """The slot of the next `loop.run` call in the current scope; None outside a scope."""
+  current = _SCOPE.get()
+  if current is None:
+    return None
+  slot = Slot(os.path.join(current.directory, f"run{current.calls}"), current.every_rounds,
+              current.every_seconds)
+  current.calls += 1
+  return slot
+
+
+def stop_requested() -> str | None:
+  """The name of the signal that asked the run to stop (under `stop_on_signals`), or None."""
+  return _STOP["signal"]
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+  """Within it (main thread only), SIGINT and SIGTERM ask the run to stop at the end of the
+  current chunk, after saving a checkpoint (`loop.run` raises `Interrupted`); a second
+  signal stops at once, as without this."""
+  previous = {}
+
+  def handler(signum, frame):
+    del frame
+    if _STOP["signal"] is not None:  # the second: what the signal would do without us
+      signal.signal(signum, previous[signum])
+      signal.raise_signal(signum)
+      return
+    _STOP["signal"] = signal.Signals(signum).name
+
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    previous[signum] = signal.signal(signum, handler)
+  try:
+    yield
+  finally:
+    for signum, old in previous.items():
+      signal.signal(signum, old)
+    _STOP["signal"] = None
+
+
+class Slot:
+  """The checkpoints of one `loop.run` call: orbax steps numbered by the round reached, the
+  latest kept. Each holds `carry` (a pytree of arrays: state and flags), `history` (a dict
+  of numpy arrays: the metrics so far) and `meta` (JSON)."""
+
+  def __init__(self, directory: str, every_rounds: int | None, every_seconds: float | None):
+    self.directory, self.every_rounds, self.every_seconds = directory, every_rounds, every_seconds
+    self._last_save = time.monotonic()
+    self._manager = None
+
+  def manager(self):
+    if self._manager is None:
+      import orbax.checkpoint as ocp  # here: most runs never save, and orbax takes ~0.7 s
+      self._manager = ocp.CheckpointManager(
+          os.path.abspath(self.directory),
+          options=ocp.CheckpointManagerOptions(max_to_keep=1, enable_async_checkpointing=False))
+    return self._manager
+
+  def restore(self, carry_like):
+    """(round, carry, history, meta) of the latest checkpoint, the carry laid out like
+    `carry_like` (same shapes, dtypes and shardings); None when there is none."""
+    if not os.path.isdir(self.directory):
+      return None
+    import orbax.checkpoint as ocp
+    step = self.manager().latest_step()
+    if step is None:
+      return None
+    saved = self.manager().restore(step, args=ocp.args.Composite(
+        carry=ocp.args.StandardRestore(carry_like), history=ocp.args.StandardRestore(),
+        meta=ocp.args.JsonRestore()))
+    self._last_save = time.monotonic()
+    return step, saved.carry, {k: np.asarray(v) for k, v in saved.history.items()}, saved.meta
+
+  def due(self, round: int) -> bool:
+    """Whether a chunk that ended at `round` should save."""
+    return bool((self.every_rounds and round % self.every_rounds == 0) or (
+        self.every_seconds is not None
+        and time.monotonic() - self._last_save >= self.every_seconds))
+
+  def save(self, round: int, carry, history: dict, meta: dict) -> None:
+    import orbax.checkpoint as ocp
+    self.manager().save(round, args=ocp.args.Composite(
+        carry=ocp.args.StandardSave(carry), history=ocp.args.StandardSave(history),
+        meta=ocp.args.JsonSave(meta)), force=True)
+    self.manager().wait_until_finished()
+    self._last_save = time.monotonic()

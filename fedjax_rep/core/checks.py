@@ -1,0 +1,154 @@
+"""Checks of a run's inputs, before anything is traced or compiled.
+
+`loop.run` and `loop.init_state` call `check_run` first. It checks what every algorithm
+needs (finite hparams; a given state finite and shaped like the algorithm's initial state)
+and calls the algorithm's own `check(data, hparams)` (`core.protocols.Checked`) on the data
+of every run of a sweep. The checks are numpy on concrete arrays; arrays traced inside a
+user's own `jit` (or spread over other hosts) stand in as `jax.ShapeDtypeStruct`s, so only
+their shapes are checked. An input that cannot run raises a one-line ValueError that names
+the argument (and the client and sample where one is at fault), the allowed range and what
+to do; one that runs but means little warns (`warn`).
+"""
+
+import warnings
+
+import jax
+import numpy as np
+
+from fedjax_rep.core.protocols import Checked
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_run(algorithm, data, hparams, key, state=None, sweep_axes=None) -> None:
+  """Raises ValueError on inputs of `loop.run` / `loop.init_state` that cannot run, and warns
+  on ones that run but mean little, without compiling anything (see the module docstring).
+  With a sweep, `algorithm.check` sees each run's data in turn (and the whole hparams)."""
+  data_axis = None if sweep_axes is None else sweep_axes[0]
+  data, hparams = host(data), host(hparams)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(hparams):
+    finite(f"hparams{jax.tree_util.keystr(path)}", leaf,
+           advice="step sizes and weights must be finite numbers")
+  if isinstance(algorithm, Checked):
+    runs = sweep_runs(data, data_axis)
+    for index, run_data in enumerate(runs):
+      try:
+        algorithm.check(run_data, hparams)
+      except ValueError as error:
+        if data_axis is None:
+          raise
+        raise type(error)(f"run {index} of the sweep: {error}") from None
+  if state is not None:
+    check_state(algorithm, data, hparams, key, host(state), sweep_axes)
+
+
+def check_state(algorithm, data, hparams, key, state, sweep_axes) -> None:
+  """Raises ValueError unless `state` (numpy leaves where concrete) has finite values and the
+  leaves and shapes of the algorithm's initial state for these inputs (`jax.eval_shape` of
+  its init: traced, not compiled; unchecked where the init cannot run on these data, e.g.
+  the method of moments on population losses)."""
+  given = dict(jax.tree_util.tree_leaves_with_path(state))
+  for path, leaf in given.items():
+    finite(f"state{jax.tree_util.keystr(path)}", leaf,
+           advice="a run from it diverges at once; pass finite values")
+  init = algorithm.init
+  if sweep_axes is not None:
+    data_axis, hparams_axis, key_axis = sweep_axes
+    init = jax.vmap(init, in_axes=(key_axis, data_axis, hparams_axis))
+  try:
+    initial = jax.eval_shape(init, key, data, hparams)
+  except Exception:  # an init that cannot run on these data: no shapes to compare with
+    return
+  expected = dict(jax.tree_util.tree_leaves_with_path(initial))
+  advice = "pass a state shaped like fr.init_state(algorithm, data, hparams, key)"
+  if given.keys() != expected.keys():
+    names = lambda paths: ", ".join(sorted(jax.tree_util.keystr(p) for p in paths)) or "none"
+    raise ValueError(f"state does not have the leaves of {algorithm.name}'s initial state for "
+                     f"these data (missing: {names(expected.keys() - given.keys())}; extra: "
+                     f"{names(given.keys() - expected.keys())}); {advice}")
+  for path, leaf in given.items():
+    if tuple(leaf.shape) != tuple(expected[path].shape):
+      raise ValueError(f"state{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, but "
+                       f"{algorithm.name} on these data starts from shape "
+                       f"{tuple(expected[path].shape)}; {advice}")
+
+
+def host(tree):
+  """`tree` with its concrete arrays as numpy arrays, and as `jax.ShapeDtypeStruct` (shapes
+  only) those that are traced or not all on this host; PRNG keys stay as they are."""
+
+  def one(leaf):
+    if isinstance(leaf, jax.core.Tracer) or not getattr(leaf, "is_fully_addressable", True):
+      return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      return leaf
+    return np.asarray(leaf)
+
+  return jax.tree.map(one, tree)
+
+
+def sweep_runs(tree, axis) -> list:
+  """The runs of `tree` (leaves from `host`) along its leading sweep axis (`axis` 0), or
+  [tree] (`axis` None). Shape-only trees give their first run: every run has its shape."""
+  if axis is None:
+    return [tree]
+  leaves = jax.tree.leaves(tree)
+  runs = leaves[0].shape[0] if leaves else 1
+  if any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves):
+    runs = min(runs, 1)
+
+  def run(leaf, index):
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype)
+    return leaf[index, ...]  # an array, also where the run's leaf is a scalar
+
+  return [jax.tree.map(lambda leaf: run(leaf, index), tree) for index in range(runs)]
+
+
+def concrete(*arrays) -> bool:
+  """True when every array is a numpy array (values to check), not a shape stand-in."""
+  return all(isinstance(a, np.ndarray) for a in arrays)
+
+
+def in_range(name: str, value, low, high=None, what: str = "", advice: str = "") -> None:
+  """Raises ValueError unless low <= value <= high (no upper bound where high is None);
+  `what` says what high is, `advice` what to do."""
+  if low <= value and (high is None or value <= high):
+    return
+  bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+  what = f" ({high} = {what})" if what else ""
+  raise ValueError(f"{name} = {value} is out of range: it must be {bound}{what}; {advice}")
+
+
+def positive_ints(owner: str, **values) -> None:
+  """Raises ValueError unless every value is an integer >= 1 (structure checked at
+  construction, e.g. rep_dim and cohort)."""
+  for name, value in values.items():
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+      raise ValueError(f"{owner}: {name} must be an integer >= 1, got {value!r}")
+
+
+def finite(name: str, array, axes: tuple = (), advice: str = "drop or impute it") -> None:
+  """Raises ValueError naming the first non-finite entry of a floating-point numpy `array`
+  (`axes` names its leading axes, e.g. ("client", "sample")); anything else passes."""
+  if not concrete(array) or not np.issubdtype(array.dtype, np.inexact):
+    return
+  bad = ~np.isfinite(array)
+  if not bad.any():
+    return
+  index = np.unravel_index(np.argmax(bad), array.shape)
+  entry = f"{name}[{', '.join(map(str, index))}]" if index else name
+  where = ", ".join(f"{axis} {i}" for axis, i in zip(axes, index))
+  raise ValueError(f"{entry} = {array[index]}{f' ({where})' if where else ''} is not finite: "
+                   f"{advice}")
+
+
+def clients_text(clients) -> str:
+  """'clients 3, 5, 8' (the first five, then '...') of client indices."""
+  shown = ", ".join(str(int(i)) for i in clients[:5])
+  return f"client{'s' if len(clients) > 1 else ''} {shown}{', ...' if len(clients) > 5 else ''}"
+
+
+def warn(message: str) -> None:
+  """A one-line warning about an input that runs but means little."""
+  warnings.warn(message, UserWarning, stacklevel=2)

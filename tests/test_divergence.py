@@ -1,0 +1,139 @@
+"""Divergence: the loop's blow-up bound, carried when a run resumes, and how figures show
+diverged runs."""
+
+import dataclasses
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedjax_rep as fr
+from fedjax_rep.core import loop
+from fedjax_rep.recipes import plotting
+
+
+@dataclasses.dataclass(frozen=True)
+class Swing:
+  """A toy algorithm whose loss the test sets round by round: state (x [], t []) from
+  (1, 0); round t multiplies x by hparams[t % 2] (hparams [2]) and reports it as train_loss."""
+  name: str = "swing"
+
+  def init(self, key, data, hparams):
+    del key, data, hparams
+    return jnp.float32(1.0), jnp.int32(0)
+
+  def round(self, state, key, data, hparams):
+    del key, data
+    x, t = state
+    x = x * hparams[t % 2]
+    return (x, t + 1), {"train_loss": x}
+
+
+# Two runs, swept: one grows 10x a round (never non-finite in 10 rounds), one swings
+# between its first loss 1/500 and 500 times it.
+RATES = jnp.array([[10.0, 10.0], [1 / 500, 500.0]], jnp.float32)
+SWEEP = (None, 0, None)
+
+
+def swing_run(num_rounds, **kwargs):
+  return fr.run(Swing(), None, RATES, jax.random.key(0), num_rounds, sweep_axes=SWEEP,
+                chunk=2, progress=False, **kwargs)
+
+
+def test_the_bound_flags_a_blow_up_not_a_swing_and_changes_without_a_recompile(compiles):
+  result = swing_run(8)
+  # Losses 10, ..., 1e4 = 1e3 x the first (not above the bound), then 1e5 (above): the run
+  # diverges at round 5, keeps the state before it and reports NaN from then on.
+  np.testing.assert_array_equal(result.metrics["diverged"][0], [0, 0, 0, 0, 1, 1, 1, 1])
+  np.testing.assert_allclose(result.metrics["train_loss"][0, :4], [10, 100, 1e3, 1e4])
+  assert np.isnan(result.metrics["train_loss"][0, 4:]).all()
+  assert float(result.state[0][0]) == 1e4 and bool(result.diverged[0])
+  np.testing.assert_allclose(result.reference, [10, 1 / 500])
+  assert not result.metrics["diverged"][1].any()  # a swing of 500x its first loss goes on
+  assert np.isfinite(result.metrics["train_loss"][1]).all()
+  compiles.reset()  # the factor is traced: switching it off or tightening it compiles nothing
+  unbounded, tight = swing_run(8, blowup=None), swing_run(8, blowup=100.0)
+  assert compiles.count == 0
+  assert not unbounded.metrics["diverged"].any()
+  assert np.isfinite(unbounded.metrics["train_loss"]).all()
+  np.testing.assert_array_equal(tight.metrics["diverged"][1], [0, 1, 1, 1, 1, 1, 1, 1])
+
+
+def test_a_bad_factor_stops_the_run_before_it_compiles(compiles):
+  compiles.reset()
+  with pytest.raises(ValueError, match=r"blowup must be a number > 0 or None, got 0"):
+    swing_run(4, blowup=0)
+  assert compiles.count == 0
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one_with_the_bound(compiles):
+  whole = swing_run(10)
+  compiles.reset()
+  first = swing_run(3)
+  rest = swing_run(10, state=first.state, start_round=3, diverged=first.diverged,
+                   reference=first.reference)
+  assert "jit(_run_chunk)" not in compiles.names  # (the copy of the state passed in compiles)
+  for name in whole.metrics:
+    np.testing.assert_array_equal(
+        np.concatenate([first.metrics[name], rest.metrics[name]], axis=1), whole.metrics[name])
+  for got, want in zip(rest.state, whole.state):
+    np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(rest.reference, whole.reference)
+  # Without the carried reference the resumed run measures from its own first round (1e4)
+  # and misses the blow-up at round 5.
+  fresh = swing_run(10, state=first.state, start_round=3, diverged=first.diverged)
+  assert whole.metrics["diverged"][0, 4] and not fresh.metrics["diverged"][0, 1]
+
+
+@jax.jit
+def flute_problem(key):
+  """App. C.1's problem with M = 9 clients, d = 6, k = 2, N = 8 (one program: eager steps
+  would compile one by one)."""
+  key_models, key_data = jax.random.split(key)
+  models = fr.make_models(key_models, 9, 6, "linear")
+  return fr.make_underparam_data(key_data, models, 2, 8, 0.3 ** 0.5)
+
+
+def test_flute_is_flagged_before_its_model_error_explodes():
+  """FLUTE with Algorithm 1's 1/N loss at eta = 0.3 blows up: with the bound (on the model
+  error) it is flagged while its errors are within 1e3 x the first; without it, its error
+  passes that before it becomes non-finite."""
+  data = flute_problem(jax.random.key(2))
+  lr = jnp.float32(0.3)
+  hparams = fr.LinearHparams(lr=lr, head_lr=lr)
+  runs = {blowup: fr.run(fr.Flute(rep_dim=2, loss="mean"), data, hparams, jax.random.key(0),
+                         40, blowup=blowup, progress=False)
+          for blowup in (loop.DEFAULT_BLOWUP, None)}
+  errors = {blowup: run.metrics["model_error"] for blowup, run in runs.items()}
+  first = {blowup: int(np.argmax(run.metrics["diverged"])) for blowup, run in runs.items()}
+  assert 0 < first[loop.DEFAULT_BLOWUP] < first[None]
+  bound = loop.DEFAULT_BLOWUP * errors[None][0]
+  assert np.all(errors[loop.DEFAULT_BLOWUP][:first[loop.DEFAULT_BLOWUP]] <= bound)
+  assert np.nanmax(errors[None]) > bound
+  assert np.isnan(errors[loop.DEFAULT_BLOWUP][first[loop.DEFAULT_BLOWUP]:]).all()
+
+
+def test_figures_take_y_limits_from_runs_that_did_not_diverge():
+  """Seeds 0 and 1 stay in [1, 2]; seed 2 reaches 1e4 by round 4 and diverges at round 5.
+  A panel with them all fits seeds 0 and 1 (mean line and band over them) and marks seed
+  2 inside its limits; a panel of seed 2 alone fits its curve."""
+  rows = [{"algorithm": "a", "seed": seed, "round": t, "diverged_round": 5 if seed == 2 else 0,
+           "y": (10.0 ** t if t < 5 else np.nan) if seed == 2 else 1 + seed / t}
+          for seed in range(3) for t in range(1, 9)]
+  fig, axes = plotting.grid_of(3)
+  assert len(axes) == 3 and len(fig.axes) == 3  # 2 x 2, the last cell left empty
+  plotting.line(axes[0], rows, "round", "y", "A")
+  plotting.line(axes[1], plotting.select(rows, seed=2), "round", "y", "A")
+  axes[0].legend()
+  fig.suptitle("a title longer than the figure is wide " * 4)
+  plotting.save(fig, io.BytesIO())
+  assert axes[0].get_legend_handles_labels()[1] == ["A (diverged at x: 1/3 seeds)"]
+  np.testing.assert_allclose(axes[0].get_lines()[0].get_ydata(), 1 + 0.5 / np.arange(1, 9))
+  low, high = axes[0].get_ylim()
+  assert 0.9 < low < 1 and 2 < high < 2.2
+  (mark,) = [line for line in axes[0].get_lines() if line.get_gid() == plotting.DIVERGED_MARK]
+  assert mark.get_xdata()[0] == 4 and low < mark.get_ydata()[0] < high
+  assert axes[1].get_ylim()[1] >= 1e4  # no run left: the diverged curve sets the limits
+  assert "\n" in fig.get_suptitle()
