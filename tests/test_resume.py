@@ -166,6 +166,9 @@ def test_same_seed_same_bytes_and_from_config_replays(tmp_path):
     ("other-config", [], "holds a run with a different configuration"),
     ("other-code", [], "holds parts written by other code"),
     ("run", ["--quick"], "--resume reads the recipe.*do not also give --quick"),
+    ("new", ["--checkpoint-every", "0"], r"every_rounds \(--checkpoint-every\) must be an "
+     r"integer >= 1 or None, got 0"),
+    ("new", ["--checkpoint-seconds", "-1"], r"\(--checkpoint-seconds\) must be a number > 0"),
 ])
 def test_bad_out_and_resume_are_one_line_errors(tmp_path, capsys, setup, args, message):
   out = str(tmp_path / "out")
@@ -178,7 +181,7 @@ def test_bad_out_and_resume_are_one_line_errors(tmp_path, capsys, setup, args, m
   elif setup == "notes":
     os.makedirs(out)
     open(os.path.join(out, "notes.txt"), "w").close()
-  else:
+  elif setup != "new":  # a run in `out` first
     assert cli.main(["run", *base, "--out", out]) == 0
     capsys.readouterr()
   if setup == "other-config":
@@ -189,7 +192,8 @@ def test_bad_out_and_resume_are_one_line_errors(tmp_path, capsys, setup, args, m
     saved["code"]["source"] = "0" * 64
     with open(os.path.join(out, "config.json"), "w") as f:
       json.dump(saved, f)
-  command = ["run", "--resume", out, *args] if setup == "run" else ["run", *base, "--out", out]
+  command = (["run", "--resume", out, *args] if setup == "run" else
+             ["run", *base, "--out", out, *args])
   assert cli.main(command) == 2
   error = capsys.readouterr().err
   assert len(error.strip().splitlines()) == 1

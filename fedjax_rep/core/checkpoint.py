@@ -49,14 +49,24 @@ def scope(directory: str, every_rounds: int | None = None,
   """Within it, the i-th `loop.run` call checkpoints into directory/run<i>: after the
   chunks that end on a multiple of `every_rounds`, and after the first chunk that ends
   `every_seconds` or more after the last save (None: never by that rule)."""
-  for name, value in (("every_rounds", every_rounds), ("every_seconds", every_seconds)):
-    if value is not None and (isinstance(value, bool) or not value > 0):
-      raise ValueError(f"checkpoint {name} must be > 0 or None, got {value!r}")
+  check_policy(every_rounds, every_seconds)
   token = _SCOPE.set(_Scope(directory, every_rounds, every_seconds))
   try:
     yield
   finally:
     _SCOPE.reset(token)
+
+
+def check_policy(every_rounds, every_seconds) -> None:
+  """Raises ValueError unless every_rounds is an integer >= 1 and every_seconds a number > 0
+  (each may be None: never by that rule)."""
+  if every_rounds is not None and (isinstance(every_rounds, bool) or not isinstance(
+      every_rounds, int) or every_rounds < 1):
+    raise ValueError(f"checkpoints every_rounds (--checkpoint-every) must be an integer >= 1 "
+                     f"or None, got {every_rounds!r}")
+  if every_seconds is not None and (isinstance(every_seconds, bool) or not every_seconds > 0):
+    raise ValueError(f"checkpoints every_seconds (--checkpoint-seconds) must be a number > 0 "
+                     f"or None, got {every_seconds!r}")
 
 
 def next_slot() -> "Slot | None":

@@ -168,6 +168,10 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   starts it over). Returns the output directory.
   """
   recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
+  try:
+    checkpoint.check_policy(checkpoint_rounds, checkpoint_seconds)
+  except ValueError as error:
+    raise cfg.ConfigError(str(error)) from None
   out = default_out(name) if out is None else out
   run_dir = outputs.RunDir(
       out, {"recipe": name, "quick": quick, "seeds": seeds,
