@@ -16,10 +16,11 @@ Three implementations of that round, timed in the same process after warm-up/com
   batched  numpy on [n, m, d] arrays at once (BLAS matmuls, batched np.linalg.solve).
 The roofline time of a round is the larger of reading X and y once at the measured memory
 bandwidth and 4 n m d k flops at the measured matmul rate; in the fresh modes it is the time to
-draw the normals that mode needs at the measured rate of the faster of jax.random.normal and
-fedjax_rep's bit-identical unrolled generator (`linear.normals`): n m (d + 1) (fresh),
-n m (2k + 1) + d k (fresh-statistics), or the compute bound if larger. The numpy baselines of
-both fresh modes draw X_i [m, d] directly.
+draw the normals that mode needs at the measured rate of the fastest of jax.random.normal,
+fedjax_rep's bit-identical unrolled generator (`linear.normals.normal`) and, for
+fresh-statistics, the two-per-hash generator its sampler uses (`normals.normal_pairs`):
+n m (d + 1) (fresh), n m (2k + 1) + d k (fresh-statistics), or the compute bound if
+larger. The numpy baselines of both fresh modes draw X_i [m, d] directly.
 
   python benchmarks/linear_round.py            # n in 1000, 10000, 100000
   python benchmarks/linear_round.py --quick    # n in 1000, 10000, fewer repetitions
@@ -168,14 +169,18 @@ def machine_rates(repeats):
           "copy_gbs": 2 * src.nbytes / copy_s / 1e9}
 
 
-def normal_rate(num_clients, repeats):
-  """Standard normals per second: the faster of jax.random.normal and the bit-identical
-  `fedjax_rep.linear.normals.normal` (Threefry unrolled, what the rounds use), each drawing
-  one round's X [n, m, d] at once."""
+def normal_rate(num_clients, mode, repeats):
+  """Standard normals per second: the fastest of jax.random.normal, the bit-identical
+  `fedjax_rep.linear.normals.normal` (Threefry unrolled, what the direct sampler uses) and,
+  for "fresh-statistics", `normals.normal_pairs` (two normals per hash, what that sampler
+  uses), each drawing one round's X [n, m, d] at once."""
   shape = (num_clients, SAMPLES, DIM)
   key = jax.random.key(0)
+  draws = [jax.random.normal, normals.normal]
+  if mode == "fresh-statistics":
+    draws.append(lambda key, shape: normals.normal_pairs(key, math.prod(shape)))
   rates = []
-  for draw in (jax.random.normal, normals.normal):
+  for draw in draws:
     jitted = jax.jit(lambda key: draw(key, shape))
     seconds = seconds_per_call(lambda: jitted(key).block_until_ready(), 0.2, repeats)
     rates.append(math.prod(shape) / seconds)
@@ -264,7 +269,7 @@ def benchmark(run, mode, rates, min_seconds, repeats, max_loop_clients):
                             1) * n / loop_clients
   batched_s = seconds_per_call(batched, min_seconds, repeats)
   jax_s = jax_seconds_per_round(run, min_seconds, repeats)
-  normals_per_s = normal_rate(n, repeats) if mode != "fixed" else None
+  normals_per_s = normal_rate(n, mode, repeats) if mode != "fixed" else None
   roof_s, bound = roofline_seconds(n, mode, rates, normals_per_s)
   return {"n": n, "mode": mode, "jax": jax_s, "loop": loop_s, "batched": batched_s,
           "extrapolated": loop_clients < n, "roofline": roof_s, "bound": bound,

@@ -1,5 +1,3 @@
-import sys
+from fedjax_rep.cli import command
 
-from fedjax_rep.cli import main
-
-sys.exit(main())
+command()

@@ -190,6 +190,18 @@ def test_unrolled_normals_equal_jax_random_normal():
                                 jax.vmap(lambda k: jax.random.normal(k, (4, 3)))(keys))
 
 
+def test_normal_pairs_are_standard_normal_and_independent():
+  """Both halves (the two words of each hash) are N(0, 1) (KS test) and uncorrelated; odd
+  sizes and other key implementations work."""
+  draws = np.asarray(jax.jit(normals.normal_pairs, static_argnums=1)(jax.random.key(5), 40000))
+  for half in (draws[:20000], draws[20000:]):
+    assert scipy.stats.kstest(half, "norm").pvalue > 1e-3
+  assert abs(np.corrcoef(draws[:20000], draws[20000:])[0, 1]) < 0.03
+  assert normals.normal_pairs(jax.random.key(5), 7).shape == (7,)
+  rbg = jax.random.key(5, impl="rbg")
+  np.testing.assert_array_equal(normals.normal_pairs(rbg, 6), jax.random.normal(rbg, (6,)))
+
+
 # --- blocks, memory, bad inputs --------------------------------------------------------------
 
 

@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from fedjax_rep.core import checkpoint
 from fedjax_rep.core import checks
+from fedjax_rep.core import executables
 from fedjax_rep.core.protocols import Evaluated
 
 DEFAULT_CHUNK = 50
@@ -125,8 +126,8 @@ def _scan_rounds(algorithm, state, diverged, reference, data, hparams, rounds_ke
   return jax.lax.scan(body, (state, diverged, reference), start + jnp.arange(chunk))
 
 
-@functools.partial(jax.jit, static_argnames=("algorithm", "chunk", "sweep_axes"),
-                   donate_argnames=("state", "diverged", "reference"))
+@executables.jit(static_argnames=("algorithm", "chunk", "sweep_axes"),
+                 donate_argnames=("state", "diverged", "reference"))
 def _run_chunk(algorithm, state, diverged, reference, data, hparams, key, start, stop, blowup,
                *, chunk, sweep_axes):
   rounds_key = _split_keys(key, sweep_axes)[1]
@@ -136,7 +137,7 @@ def _run_chunk(algorithm, state, diverged, reference, data, hparams, key, start,
   return scan(state, diverged, reference, data, hparams, rounds_key, start, stop, blowup)
 
 
-@functools.partial(jax.jit, static_argnames=("algorithm", "sweep_axes"))
+@executables.jit(static_argnames=("algorithm", "sweep_axes"))
 def _init(algorithm, key, data, hparams, *, sweep_axes):
   key = _split_keys(key, sweep_axes)[0]
   init = algorithm.init
@@ -146,7 +147,7 @@ def _init(algorithm, key, data, hparams, *, sweep_axes):
   return init(key, data, hparams)
 
 
-@functools.partial(jax.jit, static_argnames=("algorithm", "sweep_axes"))
+@executables.jit(static_argnames=("algorithm", "sweep_axes"))
 def _evaluate(algorithm, state, data, hparams, *, sweep_axes):
   evaluate = algorithm.evaluate
   if sweep_axes is not None:
@@ -268,7 +269,7 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
       np.zeros(sweep_shape, bool) if diverged is None else np.array(diverged, bool), state)
   reference = _placed_like(np.full(sweep_shape, np.nan, np.float32) if reference is None
                            else np.array(reference, np.float32), state)
-  blowup = jnp.float32(np.inf if blowup is None else blowup)
+  blowup = np.float32(np.inf if blowup is None else blowup)  # numpy: no eager op to compile
   axis = 0 if sweep_axes is None else 1  # the rounds axis of the metrics
   evaluated = isinstance(algorithm, Evaluated)
   periods = [eval_every] if evaluated and eval_every else []
@@ -290,8 +291,8 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
   while t < num_rounds:
     stop = _next_boundary(t, num_rounds, chunk, *periods)
     (state, diverged, reference), metrics = _run_chunk(
-        algorithm, state, diverged, reference, data, hparams, key, jnp.asarray(t),
-        jnp.asarray(stop), blowup, chunk=chunk, sweep_axes=sweep_axes)
+        algorithm, state, diverged, reference, data, hparams, key, np.int32(t),
+        np.int32(stop), blowup, chunk=chunk, sweep_axes=sweep_axes)
     metrics = jax.device_get(metrics)
     pieces.append({k: np.take(v, np.arange(stop - t), axis=axis) for k, v in metrics.items()})
     if evaluated and (stop == num_rounds or (eval_every and stop % eval_every == 0)):

@@ -31,7 +31,7 @@ from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
-from fedjax_rep.linear.problem import check_data
+from fedjax_rep.linear.problem import FixedData, check_data
 
 TRACED_HEAD_STEPS = "traced"  # FedRep.head_steps: read the number from hparams.head_steps
 
@@ -161,7 +161,7 @@ class FedRep:
         functools.partial(self._clients, mode=mode), self.devices, data.num_clients,
         (data, state.heads), lambda spec: (data.client_specs(spec), spec),
         (key, basis, coords, hparams, cohort))
-    gradient = sums["gradient"]
+    gradient = sums["gradient"].T
     if basis is not None:
       gradient = basis @ gradient + fresh_statistics.outside_gradient(
           key_outside, basis, sums["outside"])
@@ -174,37 +174,50 @@ class FedRep:
 
   def _clients(self, index, client_args, shared, *, mode):
     """(sums, new heads [n_local, k]) of one device's clients (index: its mesh position):
-    sums["gradient"] [p, k] = sum_i mask_i (1/m_i) V_i^T r_i w_i^T in the round's basis,
-    "loss" = sum_i mask_i (1/2m_i)||r_i||^2, "weight" = sum_i mask_i, and with a basis
-    "outside" (`fresh_statistics.residual_statistic`)."""
+    sums["gradient"] [k, p] = sum_i mask_i (1/m_i) w_i r_i^T V_i in the round's basis (the
+    transposed gradient), "loss" = sum_i mask_i (1/2m_i)||r_i||^2, "weight" = sum_i mask_i,
+    and with a basis "outside" (`fresh_statistics.residual_statistic`).
+
+    A block of c clients works on its samples as rows [c m, p] and on Z^T [k, c, m]: both
+    products with the samples, Z^T = coords^T V^T and the gradient (w r^T) V, are single
+    [k, .] x [., c m]-shaped products whose output is k-major (on CPU ~3x faster than
+    V coords [c m, k]); the block's samples are read (sliced or drawn) once for both.
+    """
     data, heads = client_args
     key, basis, coords, hparams, cohort = shared
     n = data.num_clients
     offset = index * n
+    k = coords.shape[1]
+    coords_t = coords.T  # [k, p]
 
     def one_block(clients, previous, mask, contiguous):
       V, y = data.design(key, clients, basis, offset=offset, contiguous=contiguous)
+      c, m, p = V.shape
+      rows = V.reshape(c * m, p)
       counts = data.sample_counts(clients)
-      Z = jnp.einsum("cmp,pk->cmk", V, coords)
-      w = self.client_heads(Z, y, previous, hparams)
-      weights = jnp.ones(clients.shape, Z.dtype) if mask is None else mask.astype(Z.dtype)
+      Zt = jax.lax.dot_general(coords_t, rows, (((1,), (1,)), ((), ()))).reshape(k, c, m)
+      w = self.client_heads(jnp.moveaxis(Zt, 0, -1), y, previous, hparams)
+      weights = jnp.ones(clients.shape, Zt.dtype) if mask is None else mask.astype(Zt.dtype)
       if mask is not None:
         w = jnp.where(mask[:, None], w, previous)
-      residual = jnp.einsum("cmk,ck->cm", Z, w) - y
+      residual = sum(Zt[j] * w[:, j, None] for j in range(k)) - y  # [c, m]
       scaled = residual / counts[:, None]
-      gradient, total = aggregate.weighted_einsum("cmp,cm,ck->pk", weights, V, scaled, w)
+      weighted = (weights[:, None] * w).T[:, :, None] * scaled  # [k, c, m]
       losses = 0.5 * jnp.sum(residual * scaled, axis=1)
-      sums = {"gradient": gradient, "loss": jnp.sum(weights * losses), "weight": total}
+      sums = {"gradient": weighted.reshape(k, c * m) @ rows,
+              "loss": jnp.sum(weights * losses), "weight": jnp.sum(weights)}
       if basis is not None:
         sums["outside"] = fresh_statistics.residual_statistic(weights, scaled, w)
       return sums, w
 
     client_bytes = 4 * data.samples * (coords.shape[0] + 1)  # one client's V and y
+    read = isinstance(data, FixedData)  # read from memory, not generated
     if mode == "all":
       def full(start, size, parts):
         return one_block(start + jnp.arange(size), parts[0], None, True)
 
-      return blocks.map_blocks(full, n, blocks.block_size(n, client_bytes, self.block), (heads,))
+      return blocks.map_blocks(full, n, blocks.block_size(n, client_bytes, self.block, read),
+                             (heads,))
     if mode == "grouped":
       local_groups = self.groups // (self.devices or 1)
       group_ids = index * local_groups + jnp.arange(local_groups)
@@ -220,9 +233,9 @@ class FedRep:
       ids, previous, block_mask = parts
       return one_block(ids, previous, None if mask is None else block_mask, False)
 
-    sums, w = blocks.map_blocks(
-        gathered, clients.shape[0], blocks.block_size(clients.shape[0], client_bytes, self.block),
-        (clients, tree.gather(heads, clients), mask_or_all))
+    size = blocks.block_size(clients.shape[0], client_bytes, self.block, read)
+    sums, w = blocks.map_blocks(gathered, clients.shape[0], size,
+                                (clients, tree.gather(heads, clients), mask_or_all))
     return sums, tree.scatter(heads, clients, w)
 
   def personal_models(self, state: RepState, data) -> jax.Array:

@@ -2,8 +2,9 @@
 
 For larger k it is a column loop in batched XLA ops (no LAPACK call).
 Every function takes arrays with any leading batch axes (e.g. [clients, ...]) and is also
-safe to `vmap`; called on the whole cohort directly, `least_squares` keeps the k-major
-layout that makes its reductions contiguous (under `vmap` the client axis stays leading). For k <= UNROLL_MAX the k x k solve is an unrolled Cholesky written in
+safe to `vmap`; called on the whole cohort directly, `least_squares` moves Z to a
+[k, m, batch] layout that makes its reductions contiguous (under `vmap` the client axis
+stays leading). For k <= UNROLL_MAX the k x k solve is an unrolled Cholesky written in
 elementwise ops, which XLA vectorises across the batch: on CPU it is ~20x faster than a
 batched LAPACK solve of tiny matrices.
 """
@@ -15,36 +16,50 @@ UNROLL_MAX = 8
 RIDGE = 1e-6
 
 
+def _gram_entries(Z: jax.Array, y: jax.Array | None = None):
+  """({(a, b): (Z^T Z)_ab [...] for a <= b}, [(Z^T y)_a [...] for each a] or None) of
+  Z [..., m, k], y [..., m].
+
+  Z is moved to [k, m, ...] first, so that every entry is a sum over the leading sample axis
+  of contiguous products (vectorised across the batch; a sum over a minor axis of m ~ 10 is
+  several times slower on CPU)."""
+  cols = jnp.moveaxis(Z, (-1, -2), (0, 1))
+  entries = {(a, b): jnp.sum(cols[a] * cols[b], axis=0)
+             for a in range(Z.shape[-1]) for b in range(a, Z.shape[-1])}
+  if y is None:
+    return entries, None
+  y_rows = jnp.moveaxis(y, -1, 0)
+  return entries, [jnp.sum(col * y_rows, axis=0) for col in cols]
+
+
 def gram(Z: jax.Array, y: jax.Array | None = None):
   """Z^T Z [..., k, k] of Z [..., m, k] (and Z^T y [..., k] if y [..., m] is given).
 
-  For k <= UNROLL_MAX: k(k+1)/2 fused products of contiguous columns (Z moved to k-major
-  layout first), several times faster on CPU than a batched dot over tiny matrices.
+  For k <= UNROLL_MAX: k(k+1)/2 fused products of contiguous columns (`_gram_entries`),
+  several times faster on CPU than a batched dot over tiny matrices.
   """
   k = Z.shape[-1]
   if k > UNROLL_MAX:
     G = jnp.einsum("...mk,...ml->...kl", Z, Z)
     return G if y is None else (G, jnp.einsum("...mk,...m->...k", Z, y))
-  cols = jnp.moveaxis(Z, -1, 0)
-  entries = {}
-  for a in range(k):
-    for b in range(a, k):
-      entries[a, b] = entries[b, a] = jnp.sum(cols[a] * cols[b], axis=-1)
-  G = jnp.stack([jnp.stack([entries[a, b] for b in range(k)], -1) for a in range(k)], -2)
-  return G if y is None else (G, jnp.stack([jnp.sum(cols[a] * y, axis=-1) for a in range(k)],
-                                           -1))
+  entries, b = _gram_entries(Z, y)
+  G = jnp.stack([jnp.stack([entries[min(a, c), max(a, c)] for c in range(k)], -1)
+                 for a in range(k)], -2)
+  return G if y is None else (G, jnp.stack(b, -1))
 
 
-def _cholesky_solve_unrolled(A: jax.Array, b: jax.Array) -> jax.Array:
-  k = A.shape[-1]
+def _cholesky_solve_unrolled(A, b):
+  """x [..., k] (stacked) solving A x = b, for A given by its entries A[(i, j)] [...] with
+  i <= j (symmetric positive definite) and b a list of k arrays [...]."""
+  k = len(b)
   L = {}
   for j in range(k):
-    L[j, j] = jnp.sqrt(A[..., j, j] - sum(L[j, p] ** 2 for p in range(j)))
+    L[j, j] = jnp.sqrt(A[j, j] - sum(L[j, p] ** 2 for p in range(j)))
     for i in range(j + 1, k):
-      L[i, j] = (A[..., i, j] - sum(L[i, p] * L[j, p] for p in range(j))) / L[j, j]
+      L[i, j] = (A[j, i] - sum(L[i, p] * L[j, p] for p in range(j))) / L[j, j]
   z = {}
   for i in range(k):
-    z[i] = (b[..., i] - sum(L[i, p] * z[p] for p in range(i))) / L[i, i]
+    z[i] = (b[i] - sum(L[i, p] * z[p] for p in range(i))) / L[i, i]
   x = {}
   for i in reversed(range(k)):
     x[i] = (z[i] - sum(L[p, i] * x[p] for p in range(i + 1, k))) / L[i, i]
@@ -81,8 +96,10 @@ def _cholesky_solve_loop(A: jax.Array, b: jax.Array) -> jax.Array:
 
 def solve_spd(A: jax.Array, b: jax.Array) -> jax.Array:
   """x [..., k] solving A x = b for symmetric positive definite A [..., k, k] (Cholesky)."""
-  if A.shape[-1] <= UNROLL_MAX:
-    return _cholesky_solve_unrolled(A, b)
+  k = A.shape[-1]
+  if k <= UNROLL_MAX:
+    return _cholesky_solve_unrolled({(i, j): A[..., i, j] for i in range(k) for j in range(i, k)},
+                                    [b[..., i] for i in range(k)])
   return _cholesky_solve_loop(A, b)
 
 
@@ -103,8 +120,15 @@ def least_squares(Z: jax.Array, y: jax.Array, ridge: float = RIDGE) -> jax.Array
   all-zero Z gives w = 0.
   The Gram matrices are finished before the solve starts (an optimization barrier): fused
   into the unrolled solve, XLA recomputes their reductions and the round runs ~2x slower.
+  For k <= UNROLL_MAX and m >= k the solve works on the Gram entries directly (no [..., k, k]
+  arrays are formed).
   """
   m, k = Z.shape[-2:]
+  if m >= k and k <= UNROLL_MAX:
+    G, b = jax.lax.optimization_barrier(_gram_entries(Z, y))
+    lam = ridge * sum(G[j, j] for j in range(k)) / k + jnp.finfo(Z.dtype).tiny
+    return _cholesky_solve_unrolled({ij: g + lam if ij[0] == ij[1] else g
+                                     for ij, g in G.items()}, b)
   if m >= k:
     G, b = jax.lax.optimization_barrier(gram(Z, y))
     return solve_spd(G + _ridge(G, ridge), b)

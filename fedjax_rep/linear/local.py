@@ -1,10 +1,10 @@
 """Local-only training and the error of new clients that fit only a head."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
 
+from fedjax_rep.core import executables
 from fedjax_rep.linear.fedavg import check_model, fine_tuned_models
 from fedjax_rep.linear.heads import fit_models
 from fedjax_rep.linear.metrics import mean_squared_error
@@ -17,7 +17,7 @@ def local_models(X: jax.Array, y: jax.Array) -> jax.Array:
   return fit_models(X, y)
 
 
-@functools.partial(jax.jit, static_argnames=("sample_counts", "num_clients", "test_samples"))
+@executables.jit(static_argnames=("sample_counts", "num_clients", "test_samples"))
 def new_client_error(key: jax.Array, B: jax.Array | None, B_star: jax.Array, noise_std,
                      sample_counts: tuple[int, ...], num_clients: int = 100,
                      test_samples: int = 500) -> jax.Array:
@@ -40,7 +40,7 @@ def new_client_error(key: jax.Array, B: jax.Array | None, B_star: jax.Array, noi
                     for m in sample_counts])
 
 
-@functools.partial(jax.jit, static_argnames=("sample_counts", "num_clients", "steps",
+@executables.jit(static_argnames=("sample_counts", "num_clients", "steps",
                                              "train_body"))
 def fine_tune_error(key: jax.Array, B: jax.Array, w: jax.Array, B_star: jax.Array, noise_std,
                     lr, sample_counts: tuple[int, ...], num_clients: int = 100,

@@ -40,7 +40,7 @@ def estimate(num_clients: int, dim: int, rep_dim: int, samples: int, mode: str =
   client_bytes = FLOAT * samples * (width + 1)
   local = -(-num_clients // devices)
   init_block = blocks.block_size(local, FLOAT * samples * (dim + 1), block)
-  round_block = blocks.block_size(local, client_bytes, block)
+  round_block = blocks.block_size(local, client_bytes, block, read=mode == "fixed")
   block_bytes = max(init_block * FLOAT * samples * (dim + 1), round_block * client_bytes)
   parts = {
       "data": (FLOAT * num_clients * (samples + test_samples) * (dim + 1)

@@ -69,17 +69,18 @@ def sample(key: jax.Array, B_star: jax.Array, heads: jax.Array, noise_std, num_s
 
   y = x^T B_star head + noise_std * N(0, 1), x ~ N(0, I_d). Client j's samples are seeded by
   fold_in(key, ids[j]) (ids default to 0..c-1), so they do not depend on the other clients;
-  the normals are jax.random.normal's, bit for bit (`normals.normal`).
+  the normals are jax.random.normal's, bit for bit (`normals.normal`). The noiseless labels
+  are one product over all c clients (`fresh_statistics.labels`).
   """
   ids = jnp.arange(heads.shape[0]) if ids is None else ids
   dim = B_star.shape[0]
 
-  def one(client_id, head):
+  def one(client_id):
     key_x, key_e = jax.random.split(jax.random.fold_in(key, client_id))
-    x = normals.normal(key_x, (num_samples, dim))
-    return x, x @ (B_star @ head) + noise_std * normals.normal(key_e, (num_samples,))
+    return normals.normal(key_x, (num_samples, dim)), normals.normal(key_e, (num_samples,))
 
-  return jax.vmap(one)(ids, heads)
+  X, noise = jax.vmap(one)(ids)
+  return X, fresh_statistics.labels(X, B_star, heads) + noise_std * noise
 
 
 def sample_clients(key: jax.Array, problem: LinearProblem, clients: jax.Array, num_samples: int):
@@ -330,17 +331,18 @@ class FreshData(ProblemData):
              contiguous: bool = False):
     """Fresh (V [c, m, p], y [c, m]) of clients `clients` [c] (local indices; client ids
     offset + clients seed them by fold_in(key, id)): V = X [c, m, d] (basis None, the
-    samples of `batch`) or V = X Q [c, m, p] drawn directly (`fresh_statistics.sample`)."""
+    samples of `batch`) or V = X Q [c, m, p] drawn directly (`fresh_statistics.sample`).
+    No optimization barrier: the draw's labels and a FedRep round both multiply V's rows
+    [c m, p], so XLA generates V once; a barrier here made it generate the statistics
+    sampler's V twice (for two shapes of it)."""
     problem = self.problem
     heads = (jax.lax.dynamic_slice_in_dim(problem.W_star, clients[0], clients.shape[0])
              if contiguous else problem.W_star[clients])
     ids = clients + offset
     if basis is None:
-      drawn = sample(key, problem.B_star, heads, problem.noise_std, self.samples, ids)
-    else:
-      drawn = fresh_statistics.sample(key, basis.T @ problem.B_star, heads, problem.noise_std,
-                                      self.samples, ids)
-    return jax.lax.optimization_barrier(drawn)
+      return sample(key, problem.B_star, heads, problem.noise_std, self.samples, ids)
+    return fresh_statistics.sample(key, basis.T @ problem.B_star, heads, problem.noise_std,
+                                   self.samples, ids)
 
   def client_specs(self, spec: PartitionSpec) -> "FreshData":
     """The data with `spec` at the heads W* and P() (replicated) elsewhere."""

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_rep.core import executables
 from fedjax_rep.linear import local as local_lib
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import fedavg_ft_common as ft
@@ -40,7 +41,7 @@ class Config(ft.TrainingConfig):
   new_clients: int = cfg.positive_int("number of new clients averaged over", 100)
 
 
-@functools.partial(jax.jit, static_argnames=("sample_counts", "num_clients", "steps"))
+@executables.jit(static_argnames=("sample_counts", "num_clients", "steps"))
 def fine_tune_errors(keys, B, w, B_star, noise_std, lr, sample_counts, num_clients, steps):
   """fine_tune_error [seeds, len(sample_counts)] for every seed."""
   return jax.vmap(functools.partial(local_lib.fine_tune_error, sample_counts=sample_counts,

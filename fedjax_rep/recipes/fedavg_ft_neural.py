@@ -29,12 +29,12 @@ steps more than the features). Both algorithms' final models are analysed by one
 """
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_rep.core import executables
 from fedjax_rep.core import tree
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import digits, federated
@@ -125,7 +125,7 @@ def seed_data(config: Config, seed: int):
   return clients, (x_test, y_test), new
 
 
-@functools.partial(jax.jit, static_argnames=("algorithm", "seen", "epochs"))
+@executables.jit(static_argnames=("algorithm", "seen", "epochs"))
 def analyse(algorithm, model, probe_x, probe_y, new, hparams, keys, *, seen: int, epochs: int):
   """Representation and transfer of final global models `model` (flat, leaves [A, S, ...]:
   A algorithms of `algorithm`'s structure, S seeds), all as one program:

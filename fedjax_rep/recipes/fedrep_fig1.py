@@ -15,6 +15,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from fedjax_rep.core import executables
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.linear import local as local_lib
 from fedjax_rep.linear import metrics as metrics_lib
@@ -47,7 +48,7 @@ class Config:
     common.check_rep_dim(self)
 
 
-@jax.jit
+@executables.jit
 def local_test_error(data):
   """Test error of local-only models for data with a leading seed axis: [seeds]."""
   return jax.vmap(lambda d: metrics_lib.mean_squared_error(

@@ -16,6 +16,7 @@ import functools
 import jax
 import numpy as np
 
+from fedjax_rep.core import executables
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.linear import local as local_lib
 from fedjax_rep.linear.registry import make_algorithm
@@ -50,7 +51,7 @@ class Config:
     common.check_rep_dim(self)
 
 
-@functools.partial(jax.jit, static_argnames=("sample_counts", "num_clients", "test_samples"))
+@executables.jit(static_argnames=("sample_counts", "num_clients", "test_samples"))
 def new_client_errors(keys, B, B_star, noise_std, sample_counts, num_clients, test_samples):
   """new_client_error [S, len(sample_counts)] for every seed: keys [S], B [S, d, k] or None."""
   return jax.vmap(functools.partial(local_lib.new_client_error, sample_counts=sample_counts,

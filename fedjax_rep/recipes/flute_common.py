@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_rep.core import executables
 from fedjax_rep.core import loop
 from fedjax_rep.linear import underparam
 from fedjax_rep.linear.fedrep import FedRep
@@ -63,7 +64,7 @@ class GridConfig(ProblemConfig):
     check_rep_dims(self)
 
 
-@functools.partial(jax.jit, static_argnames=("num_clients", "dim", "samples", "spectrum"))
+@executables.jit(static_argnames=("num_clients", "dim", "samples", "spectrum"))
 def problem_data(keys, noise_std, *, num_clients, dim, samples: tuple, spectrum):
   """FixedData with leading axis len(samples) * seeds (N-major): for each N and seed, Phi
   [M, d] of the seed and N samples per client, padded to max(samples) rows; no B* yet (it
@@ -77,7 +78,7 @@ def problem_data(keys, noise_std, *, num_clients, dim, samples: tuple, spectrum)
   return jax.tree.map(lambda *x: jnp.concatenate(x), *per_n)
 
 
-@functools.partial(jax.jit, static_argnames=("rep_dim",))
+@executables.jit(static_argnames=("rep_dim",))
 def with_rep_dim(data, rep_dim):
   """(data with B* = the top-k subspace of each run's Phi, the rank-k floors [runs])."""
   subspaces = jax.vmap(underparam.top_subspace, in_axes=(0, None))(data.models, rep_dim)

@@ -1,6 +1,5 @@
 """What the linear recipes share: configuration fields, hparams and seeded problem data."""
 
-import functools
 import sys
 
 import jax
@@ -8,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core import cohort as cohort_lib
+from fedjax_rep.core import executables
 from fedjax_rep.core.padding import PaddedData
 from fedjax_rep.linear import memory
 from fedjax_rep.linear import problem as problem_lib
@@ -80,9 +80,9 @@ def seed_data(keys, *, num_clients, dim, rep_dim, noise_std, samples=0, test_sam
 
 # Run once per recipe, so compiled for compile time (a quarter of the default's) rather than
 # speed; its numbers differ from the default's by float32 rounding.
-@functools.partial(jax.jit, static_argnames=("num_clients", "dim", "rep_dim", "samples",
-                                             "test_samples", "mode", "normalize_heads"),
-                   compiler_options={"xla_backend_optimization_level": 0})
+@executables.jit(static_argnames=("num_clients", "dim", "rep_dim", "samples", "test_samples",
+                                  "mode", "normalize_heads"),
+                 compiler_options={"xla_backend_optimization_level": 0})
 def _seed_data(keys, noise_std, *, num_clients, dim, rep_dim, samples, test_samples, mode,
                normalize_heads):
   def one(key_problem, key_data):
@@ -139,4 +139,4 @@ def padded_seed_data(keys, client_counts, participation, *, mode="fixed", **prob
   counts = np.repeat(np.asarray(client_counts, np.int32), seeds)
   cohorts = np.repeat(np.asarray([cohort_lib.cohort_size(n, participation)
                                   for n in client_counts], np.int32), seeds)
-  return PaddedData(data=padded, active=jnp.asarray(counts), cohort=jnp.asarray(cohorts))
+  return PaddedData(data=padded, active=counts, cohort=cohorts)

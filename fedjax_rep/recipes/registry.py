@@ -14,6 +14,7 @@ import os
 from typing import Callable
 
 from fedjax_rep.core import checkpoint
+from fedjax_rep.core import files
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import outputs
 
@@ -176,7 +177,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   run_dir = outputs.RunDir(
       out, {"recipe": name, "quick": quick, "seeds": seeds,
             "config": dataclasses.asdict(config), "grid": grid,
-            "code": {"revision": outputs.revision(), "source": outputs.source_fingerprint()},
+            "code": {"revision": outputs.revision(), "source": files.source_fingerprint()},
             "versions": outputs.versions()},
       overwrite=overwrite, every_rounds=checkpoint_rounds, every_seconds=checkpoint_seconds)
   rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
@@ -185,7 +186,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   if recipe.summarize is not None:
     run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, grid),
                       first=("algorithm", *swept))
-  outputs.atomic_write(os.path.join(out, f"{name}.png"),
+  files.atomic_write(os.path.join(out, f"{name}.png"),
                        lambda f: recipe.plot(rows, _figure_config(config, grid), f))
   return out
 

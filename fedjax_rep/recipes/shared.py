@@ -4,7 +4,9 @@ units of work and metrics.csv rows."""
 import jax
 import numpy as np
 
+from fedjax_rep.core import executables
 from fedjax_rep.core import loop
+from fedjax_rep.recipes import plotting
 
 
 def concatenate(trees):
@@ -18,12 +20,12 @@ def seed_keys(first_seed: int, seeds: int) -> jax.Array:
   return _seed_keys(np.arange(first_seed, first_seed + seeds, dtype=np.int32))
 
 
-@jax.jit
+@executables.jit
 def _seed_keys(seed_values):
   return jax.vmap(lambda s: jax.random.split(jax.random.key(s), 3))(seed_values)
 
 
-@jax.jit
+@executables.jit
 def run_keys(keys: jax.Array, index: jax.Array | None = None) -> jax.Array:
   """The run keys [runs] of keys [seeds, 3] (seed_keys), of the seeds `index` [runs]
   (default all, in order); jitted, so that no eager op compiles on the way."""
@@ -36,6 +38,7 @@ def run_seeds(algorithm, data, hparams, keys, num_rounds, progress=True, desc=No
   (a leading sweep axis of runs), and so do hparams where hparams_axis=0. keys [runs, 3]
   (seed_keys), or the run keys [runs] themselves (`run_keys`)."""
   keys = run_keys(keys) if keys.ndim == 2 else keys
+  plotting.prefetch()  # the figure's library loads while the rounds run
   return loop.run(algorithm, data, hparams, keys, num_rounds,
                   sweep_axes=(0, hparams_axis, 0), progress=progress, desc=desc)
 

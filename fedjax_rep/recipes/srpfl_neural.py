@@ -43,7 +43,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from matplotlib import ticker
 
 from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
@@ -297,6 +296,7 @@ def plot(rows, config: Config, file) -> None:
   """Test accuracy vs wall clock (log scale: SRPFL's first stages take little time): one
   panel per (speed model, participation) row and C column, one line per algorithm (mean
   over seeds, min-max band), the target dotted."""
+  from matplotlib.ticker import NullFormatter  # matplotlib loads with the first figure
   settings = [(speed, p) for speed in config.speed_models for p in config.participation]
   fig, axes = plotting.figure(len(config.comm_costs), width=4.4, height=3.3, rows=len(settings))
   axes = np.asarray(axes).reshape(len(settings), len(config.comm_costs))
@@ -321,7 +321,7 @@ def plot(rows, config: Config, file) -> None:
       ax.set_title(f"{speed} speeds, {participation_label(participation)}, C = {comm_cost:g}",
                    fontsize=9)
       ax.set(xscale="log", xlabel="simulated wall-clock time", ylabel="test accuracy")
-      ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+      ax.xaxis.set_minor_formatter(NullFormatter())
       ax.grid(alpha=0.3)
   handles, labels = axes[0, 0].get_legend_handles_labels()
   fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=9)

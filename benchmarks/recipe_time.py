@@ -1,0 +1,81 @@
+"""Wall time of `fedjax-rep run RECIPE` with empty, partly and fully warm caches.
+
+  python benchmarks/recipe_time.py                          # fedrep-fig3, 3 repeats
+  python benchmarks/recipe_time.py flute-fig1 --quick --repeats 2 --json out.json
+
+Each repeat starts from a new, empty cache directory ($FEDJAX_REP_CACHE) and times three
+runs, each a new process timed whole (interpreter start included):
+  cold         empty cache: every program is traced and compiled, then stored;
+  warm         the same cache again: the stored executables run, nothing is traced or
+               compiled;
+  no cache     `--no-compile-cache`: everything compiled, nothing stored.
+Every run's metrics.csv must equal the cold run's byte for byte (the script stops if not).
+The load average is printed before each repeat: on a shared machine, compare times within
+one repeat.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+WAYS = ("cold", "warm", "no cache")
+
+
+def run(recipe: str, quick: bool, cache: str, out: str, no_cache: bool = False) -> float:
+  """Seconds of one `fedjax-rep run` process writing into `out`."""
+  command = [sys.executable, "-m", "fedjax_rep", "run", recipe, "--no-progress", "--out", out]
+  command += ["--quick"] * quick + ["--no-compile-cache"] * no_cache
+  start = time.perf_counter()
+  subprocess.run(command, check=True, stdout=subprocess.DEVNULL,
+                 env={**os.environ, "FEDJAX_REP_CACHE": cache})
+  return time.perf_counter() - start
+
+
+def repeat(recipe: str, quick: bool, work: str) -> dict[str, float]:
+  """Seconds of each way (module docstring), from a new cache directory under `work`."""
+  cache = tempfile.mkdtemp(dir=work, prefix="cache-")
+  seconds, outputs = {}, {}
+  for way in WAYS:
+    out = tempfile.mkdtemp(dir=work, prefix="run-")
+    seconds[way] = run(recipe, quick, cache, out, no_cache=way == "no cache")
+    with open(os.path.join(out, "metrics.csv"), "rb") as f:
+      outputs[way] = f.read()
+    if outputs[way] != outputs["cold"]:
+      sys.exit(f"{recipe}: metrics.csv of the {way} run differs from the cold run's")
+  return seconds
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("recipe", nargs="?", default="fedrep-fig3")
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--json", help="write the rows to this file")
+  args = parser.parse_args()
+  rows = []
+  with tempfile.TemporaryDirectory() as work:
+    for i in range(args.repeats):
+      load = os.getloadavg()[0]
+      seconds = repeat(args.recipe, args.quick, work)
+      rows.append({"recipe": args.recipe, "quick": args.quick, "repeat": i, "load": load,
+                   **{f"{way} s": s for way, s in seconds.items()}})
+      print(f"repeat {i}: load {load:.2f}: " + ", ".join(
+          f"{way} {s:.2f} s" for way, s in seconds.items()), flush=True)
+  print(f"\n{args.recipe}{' --quick' if args.quick else ''}: seconds per run, "
+        f"{args.repeats} repeats (metrics.csv byte-identical in every run)")
+  print(f"{'way':<10} " + " ".join(f"{'#' + str(r['repeat']):>7}" for r in rows) +
+        f" {'best':>7}")
+  for way in WAYS:
+    values = [r[f"{way} s"] for r in rows]
+    print(f"{way:<10} " + " ".join(f"{v:7.2f}" for v in values) + f" {min(values):7.2f}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
