@@ -127,7 +127,9 @@ def main(argv=None) -> int:
     recipe, what = _what_to_run(args)
     store = contextlib.nullcontext()
     if not args.no_compile_cache:
-      store = executables.storing(os.path.join(compile_cache.enable(), "executables"))
+      store = executables.storing(  # named by what runs: its programs load in the background
+          os.path.join(compile_cache.enable(), "executables"),
+          name=repr((recipe, sorted((k, v) for k, v in what.items() if k != "out"))))
     with store, checkpoint.stop_on_signals():
       out = registry.run_to_dir(
           recipe, **what, progress=not args.no_progress, overwrite=args.overwrite,

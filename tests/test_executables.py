@@ -1,11 +1,13 @@
 """The executable store: programs compiled once are called by later processes untraced."""
 
+import json
 import os
 import subprocess
 import sys
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjax_rep.core import executables
 
@@ -73,6 +75,26 @@ def test_static_arguments_without_a_value_repr_are_not_stored(tmp_path):
   with executables.storing(str(tmp_path)):
     np.testing.assert_array_equal(_scaled(jnp.ones(3), scale=lambda v: v + 1), 3 * np.ones(3))
   assert os.listdir(tmp_path) == []
+
+
+def test_a_named_store_loads_the_programs_its_last_block_used_in_the_background(tmp_path):
+  with executables.storing(str(tmp_path), name="a"):
+    _scaled(jnp.ones(3), scale=2.0)
+    _scaled(jnp.ones(4), scale=2.0)
+    _scaled(jnp.ones(3), scale=2.0)
+  (listing,) = tmp_path.glob("*.programs")
+  keys = json.loads(listing.read_text())  # in the order of their first call
+  assert len(keys) == 2 and all((tmp_path / f"{key}.executable").exists() for key in keys)
+  with executables.storing(str(tmp_path), name="a"):
+    assert list(executables._store["pending"]) == keys
+    np.testing.assert_array_equal(_scaled(jnp.ones(4), scale=2.0), 2 * np.ones(4))
+    assert list(executables._store["pending"]) == keys[:1]  # the other one was claimed
+  with executables.storing(str(tmp_path), name="b"):  # another name: nothing loads
+    assert executables._store["pending"] == {}
+  with pytest.raises(RuntimeError), executables.storing(str(tmp_path), name="a"):
+    _scaled(jnp.ones(5), scale=2.0)
+    raise RuntimeError("a block that fails does not list its programs")
+  assert json.loads(listing.read_text()) == keys[1:]
 
 
 def test_a_damaged_stored_program_is_compiled_again(tmp_path, caplog):

@@ -16,6 +16,12 @@ Code outside the package is not in the key, which is why only the command line (
 recipes run the package's code only) opens a store. Calls that the key cannot describe
 go to the plain jitted function: arguments on several devices, and static arguments whose
 repr names a memory address (functions, objects without a value repr).
+
+A store opened with a name (the command line names the recipe and its settings) lists the
+programs its block used under that name; the next block of the same name loads them in
+background threads from its start, so that they are ready when first called (loading
+releases the GIL: the threads run beside the Python work before the first call, and in
+parallel with each other).
 """
 
 import contextlib
@@ -24,7 +30,10 @@ import hashlib
 import inspect
 import logging
 import os
+import json
 import pickle
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 
 import jax
@@ -38,24 +47,52 @@ CONFIG_OPTIONS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default
                   "jax_threefry_partitionable", "jax_numpy_dtype_promotion")
 VERSIONED = ("jax", "jaxlib", "flax", "optax")
 MAX_BYTES = 2 << 30  # a store above this size drops its least recently used programs
+LOAD_THREADS = 2  # background loads of a named block's programs
+FORMAT = 2  # of a stored program's file: (payload, in_tree, out_tree, calls LAPACK); in the key
 
-_store = {"path": None, "loaded": {}}  # the open store's directory and executables in memory
+# The open store: its directory, the executables in memory, the keys the block has used (in
+# order) and the background loads not yet claimed (key: future).
+_store = {"path": None, "loaded": {}, "used": [], "pending": {}}
 
 
 @contextlib.contextmanager
-def storing(path: str):
+def storing(path: str, name: str | None = None):
   """Within the block, `jit` functions keep their compiled programs in `path` (created).
   A store over MAX_BYTES (programs of earlier versions of the code pile up) first drops its
-  least recently used programs down to half of it."""
+  least recently used programs down to half of it. With a `name`, the programs that the
+  last block of that name used start loading at once, and a block that ends without an
+  error lists its own for the next (module docstring)."""
   os.makedirs(path, exist_ok=True)
   _prune(path, MAX_BYTES)
+  listing = None if name is None else os.path.join(
+      path, hashlib.sha256(name.encode()).hexdigest() + ".programs")
+  listed = _read_listing(listing)
+  pool = ThreadPoolExecutor(LOAD_THREADS, thread_name_prefix="fedjax_rep-load")
   saved = dict(_store)
-  _store.update(path=path, loaded={}, environment=_environment())
+  _store.update(path=path, loaded={}, used=[],
+                pending={key: pool.submit(_load, path, key) for key in listed})
+  _store.update(environment=_environment())
   try:
     yield path
+    if listing is not None and _store["used"] != listed:
+      data = json.dumps(_store["used"]).encode()
+      files.atomic_write(listing, lambda f: f.write(data))
   finally:
+    pool.shutdown(wait=True, cancel_futures=True)
     _store.clear()
     _store.update(saved)
+
+
+def _read_listing(listing: str | None) -> list[str]:
+  """The keys listed in the file `listing` ([] if there is none or it cannot be read)."""
+  if listing is None:
+    return []
+  try:
+    with open(listing) as f:
+      keys = json.load(f)
+    return [key for key in keys if isinstance(key, str)] if isinstance(keys, list) else []
+  except (OSError, ValueError):
+    return []
 
 
 def _prune(path: str, max_bytes: int) -> None:
@@ -81,7 +118,8 @@ def _prune(path: str, max_bytes: int) -> None:
 def _environment() -> str:
   """What every program of this process depends on besides its own arguments."""
   devices = jax.devices()
-  return repr((files.source_fingerprint(), [metadata.version(name) for name in VERSIONED],
+  return repr((FORMAT, files.source_fingerprint(),
+               [metadata.version(name) for name in VERSIONED],
                jax.default_backend(), [d.device_kind for d in devices],
                os.environ.get("XLA_FLAGS", ""),
                [(name, getattr(jax.config, name)) for name in CONFIG_OPTIONS]))
@@ -112,11 +150,13 @@ def jit(fun=None, *, static_argnames=(), **options):
       return jitted(*args, **kwargs)
     compiled = _store["loaded"].get(key)
     if compiled is None:
-      compiled = _load(key)
+      _store["used"].append(key)
+      pending = _store["pending"].pop(key, None)
+      compiled = pending.result() if pending is not None else _load(_store["path"], key)
     if compiled is None:
       with _persistent_cache_off():
         compiled = jitted.lower(*args, **kwargs).compile()
-      _save(key, compiled)
+      _save(_store["path"], key, compiled)
     _store["loaded"][key] = compiled
     return compiled(*dynamic[0], **dynamic[1])
 
@@ -153,16 +193,26 @@ def _key(name: str, static: dict, dynamic) -> str | None:
   return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _path(key: str) -> str:
-  return os.path.join(_store["path"], f"{key}.executable")
+def _path(path: str, key: str) -> str:
+  return os.path.join(path, f"{key}.executable")
+
+
+_lapack_lock = threading.Lock()  # background loads may ask at the same time
+
+
+def _initialize_lapack() -> None:
+  """Makes jaxlib load its LAPACK kernels (0.1-0.2 s). jaxlib loads them when a program
+  that calls LAPACK is lowered; a stored program is not, and calling its LAPACK custom calls
+  before they are loaded crashes the process, so a stored program that calls LAPACK is
+  loaded after this."""
+  with _lapack_lock:
+    _initialize_lapack_once()
 
 
 @functools.cache
-def _initialize_lapack() -> None:
-  """Makes jaxlib load its LAPACK kernels. jaxlib loads them when a program that calls
-  LAPACK is lowered; a stored program is not, and calling its LAPACK custom calls before
-  they are loaded crashes the process. (jaxlib's own initializer; where a version lacks
-  it, lowering a Cholesky does the same in 0.2 s.)"""
+def _initialize_lapack_once() -> None:
+  """jaxlib's own LAPACK initializer; where a version lacks it, lowering a Cholesky does the
+  same in 0.2 s."""
   try:
     from jax._src.lib import lapack
     lapack._lapack.initialize()
@@ -170,28 +220,31 @@ def _initialize_lapack() -> None:
     jax.jit(jnp.linalg.cholesky).lower(jax.ShapeDtypeStruct((1, 1), jnp.float32))
 
 
-def _load(key: str):
-  """The stored executable of `key`, or None when there is none or it cannot be loaded
-  (then it is compiled again and replaced)."""
+def _load(path: str, key: str):
+  """The executable of `key` stored in `path`, or None when there is none or it cannot be
+  loaded (then it is compiled again and replaced)."""
+  file = _path(path, key)
   try:
-    with open(_path(key), "rb") as f:
-      payload, in_tree, out_tree = pickle.load(f)
-    _initialize_lapack()
+    with open(file, "rb") as f:
+      payload, in_tree, out_tree, calls_lapack = pickle.load(f)
+    if calls_lapack:
+      _initialize_lapack()
     compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
-    os.utime(_path(key))  # recently used: kept when the store is pruned
+    os.utime(file)  # recently used: kept when the store is pruned
     return compiled
   except FileNotFoundError:
     return None
   except Exception as error:  # a damaged or foreign file: compile instead
-    logging.warning("fedjax_rep: ignoring the stored program %s (%s)", _path(key), error)
+    logging.warning("fedjax_rep: ignoring the stored program %s (%s)", file, error)
     return None
 
 
-def _save(key: str, compiled) -> None:
-  """Stores `compiled` under `key`; a store that cannot be written is skipped with a warning."""
+def _save(path: str, key: str, compiled) -> None:
+  """Stores `compiled` under `key` in `path`; a store that cannot be written is skipped with
+  a warning."""
   try:
-    data = pickle.dumps(serialize_executable.serialize(compiled))
-    files.atomic_write(_path(key), lambda f: f.write(data))
+    calls_lapack = "lapack_" in compiled.as_text()  # custom calls to jaxlib's LAPACK kernels
+    data = pickle.dumps((*serialize_executable.serialize(compiled), calls_lapack))
+    files.atomic_write(_path(path, key), lambda f: f.write(data))
   except (OSError, pickle.PicklingError, TypeError, ValueError) as error:
-    logging.warning("fedjax_rep: cannot store a compiled program in %s (%s)",
-                    _store["path"], error)
+    logging.warning("fedjax_rep: cannot store a compiled program in %s (%s)", path, error)

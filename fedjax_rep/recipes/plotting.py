@@ -30,7 +30,8 @@ def prefetch() -> None:
 
 def select(rows, **where):
   """Rows whose columns equal the given values."""
-  return [r for r in rows if all(r.get(k) == v for k, v in where.items())]
+  columns, values = tuple(where), tuple(where.values())
+  return [r for r in rows if tuple(map(r.get, columns)) == values]
 
 
 def curves(rows, x: str, y: str, along: str | None = None, **where):
@@ -39,17 +40,21 @@ def curves(rows, x: str, y: str, along: str | None = None, **where):
   With `along` (e.g. "round"), points are grouped by that column instead and placed at the
   mean of x over seeds (x = wall_clock, which differs between seeds).
   Non-finite values (rounds after a run diverged) are left out of the statistics."""
-  groups, positions = {}, {}
-  for r in select(rows, **where) if where else rows:
-    if r.get(y) not in (None, "") and np.isfinite(float(r[y])):
-      key = r[along] if along else r[x]
-      groups.setdefault(key, []).append(float(r[y]))
-      positions.setdefault(key, []).append(float(r[x]))
-  keys = sorted(groups)
-  values = [np.array(groups[v]) for v in keys]
-  xs = [np.mean(positions[v]) for v in keys] if along else keys
-  return (np.array(xs), np.array([v.mean() for v in values]),
-          np.array([v.min() for v in values]), np.array([v.max() for v in values]))
+  rows = [r for r in (select(rows, **where) if where else rows)
+          if r.get(y) not in (None, "")]
+  values = np.array([float(r[y]) for r in rows], dtype=float)
+  finite = np.isfinite(values)
+  keys = np.array([r[along] if along else r[x] for r in rows])[finite]
+  values = values[finite]
+  xs, group = np.unique(keys, return_inverse=True)
+  counts = np.bincount(group, minlength=len(xs))
+  low, high = np.full(len(xs), np.inf), np.full(len(xs), -np.inf)
+  np.minimum.at(low, group, values)
+  np.maximum.at(high, group, values)
+  if along:
+    positions = np.array([float(r[x]) for r in rows])[finite]
+    xs = np.bincount(group, positions, minlength=len(xs)) / counts
+  return xs, np.bincount(group, values, minlength=len(xs)) / counts, low, high
 
 
 LINESTYLES = ("-", "--", ":", "-.")
