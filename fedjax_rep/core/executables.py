@@ -71,8 +71,8 @@ def storing(path: str, name: str | None = None):
   saved = dict(_store)
   _store.update(path=path, loaded={}, used=[],
                 pending={key: pool.submit(_load, path, key) for key in listed})
-  _store.update(environment=_environment())
   try:
+    _store.update(environment=_environment())
     yield path
     if listing is not None and _store["used"] != listed:
       data = json.dumps(_store["used"]).encode()
