@@ -11,6 +11,10 @@ included):
   processes, command line  one `fedjax-rep run ... --seeds 1 --set lr=.. --set seed=..` per
                            (seed, lr), each compiling (persistent cache off, as on a new
                            machine): timed on --processes of them, extrapolated to S x L;
+  processes, stored        the same with the compilation cache on (a new cache directory):
+                           the first process compiles and stores the programs, the others
+                           load them (`core/executables.py`); the first plus the mean of
+                           --processes more, extrapolated to the other S x L - 1;
   grid, API                `fr.run_recipe(..., grid={"lr": [...]})` (no files);
   singles, API             one process calling `fr.run_recipe(..., seeds=1)` per (seed, lr):
                            compiled once, then reused from memory.
@@ -32,12 +36,14 @@ import numpy as np
 RECIPE = "fedrep-fig3"
 
 
-def cli(args, out):
-  """Seconds of one `fedjax-rep run` process (no persistent compilation cache)."""
+def cli(args, out, cache=None):
+  """Seconds of one `fedjax-rep run` process: with no compilation cache, or with the cache
+  (and its stored programs) in the directory `cache`."""
   command = [sys.executable, "-m", "fedjax_rep", "run", RECIPE, "--quick", "--no-progress",
-             "--no-compile-cache", "--out", out, *args]
+             "--out", out, *args, *(["--no-compile-cache"] if cache is None else [])]
+  env = os.environ if cache is None else {**os.environ, "FEDJAX_REP_CACHE": cache}
   start = time.perf_counter()
-  subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+  subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
   return time.perf_counter() - start
 
 
@@ -107,30 +113,39 @@ def main():
   work = tempfile.mkdtemp()
   grid_s = cli(["--seeds", str(args.seeds), "--grid", "lr=" + args.lrs],
                os.path.join(work, "grid"))
-  single_s = [cli(["--seeds", "1", "--set", f"lr={lrs[i % len(lrs)]}", "--set", f"seed={i}"],
-                  os.path.join(work, f"single{i}")) for i in range(args.processes)]
+  def single(i, cache=None):
+    return cli(["--seeds", "1", "--set", f"lr={lrs[i % len(lrs)]}", "--set", f"seed={i}"],
+               os.path.join(work, f"single{i}-{cache is not None}"), cache)
+
+  single_s = [single(i) for i in range(args.processes)]
+  cache = os.path.join(work, "cache")
+  stored_s = [single(i, cache) for i in range(args.processes + 1)]  # the first one compiles
   grid_api_s, _ = api(args.seeds, lrs, "grid", work)
   api_s, singles = api(args.seeds, lrs, "singles", work)
   difference = largest_difference(os.path.join(work, "grid", "metrics.csv"), singles)
   processes_s = float(np.mean(single_s)) * runs
+  stored_processes_s = stored_s[0] + float(np.mean(stored_s[1:])) * (runs - 1)
   load = os.getloadavg()[0]
   print(f"{RECIPE} --quick: {args.seeds} seeds x lr in {lrs} = {runs} runs "
         f"(load average {load:.1f} on {os.cpu_count()} cores)")
   print(f"{'way':<28} {'seconds':>9} {'/ grid':>7}")
   for name, seconds, base in (("grid, command line", grid_s, grid_s),
                               ("processes, command line", processes_s, grid_s),
+                              ("processes, stored programs", stored_processes_s, grid_s),
                               ("grid, API", grid_api_s, grid_api_s),
                               ("singles in one process, API", api_s, grid_api_s)):
     print(f"{name:<28} {seconds:>9.1f} {seconds / base:>7.1f}")
   print(f"processes: {np.mean(single_s):.1f} s per run, timed on {args.processes}, "
-        f"extrapolated to {runs}")
+        f"extrapolated to {runs}; with stored programs: the first {stored_s[0]:.1f} s, then "
+        f"{np.mean(stored_s[1:]):.1f} s per run")
   print(f"largest difference of a curve (principal angle), grid vs single run: "
         f"{difference['max']:.1e}; runs differing by more than 1e-4: {difference['over']} of "
         f"{difference['runs']} (all at lr >= {difference['min_lr']})")
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"runs": runs, "grid_cli_s": grid_s, "processes_cli_s": processes_s,
-                 "single_process_s": single_s, "grid_api_s": grid_api_s,
+                 "single_process_s": single_s, "stored_processes_cli_s": stored_processes_s,
+                 "stored_process_s": stored_s, "grid_api_s": grid_api_s,
                  "singles_api_s": api_s, "difference": difference, "load": load}, f,
                 indent=2)
 
