@@ -28,9 +28,9 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import json
 import logging
 import os
-import json
 import pickle
 import threading
 from concurrent.futures import ThreadPoolExecutor
