@@ -97,6 +97,17 @@ def test_a_named_store_loads_the_programs_its_last_block_used_in_the_background(
   assert json.loads(listing.read_text()) == keys[1:]
 
 
+def test_a_store_whose_list_cannot_be_written_still_runs(tmp_path, caplog):
+  with executables.storing(str(tmp_path), name="a"):
+    _scaled(jnp.ones(3), scale=2.0)
+  (listing,) = tmp_path.glob("*.programs")
+  listing.unlink()
+  listing.mkdir()  # a directory where the list goes: it cannot be replaced by a file
+  with executables.storing(str(tmp_path), name="a"):
+    np.testing.assert_array_equal(_scaled(jnp.ones(3), scale=2.0), 2 * np.ones(3))
+  assert "cannot list the stored programs" in caplog.text
+
+
 def test_a_damaged_stored_program_is_compiled_again(tmp_path, caplog):
   with executables.storing(str(tmp_path)):
     _scaled(jnp.ones(3), scale=2.0)

@@ -75,8 +75,7 @@ def storing(path: str, name: str | None = None):
     _store.update(environment=_environment())
     yield path
     if listing is not None and _store["used"] != listed:
-      data = json.dumps(_store["used"]).encode()
-      files.atomic_write(listing, lambda f: f.write(data))
+      _write_listing(listing, _store["used"])
   finally:
     pool.shutdown(wait=True, cancel_futures=True)
     _store.clear()
@@ -93,6 +92,16 @@ def _read_listing(listing: str | None) -> list[str]:
     return [key for key in keys if isinstance(key, str)] if isinstance(keys, list) else []
   except (OSError, ValueError):
     return []
+
+
+def _write_listing(listing: str, keys: list[str]) -> None:
+  """Writes `keys` to the file `listing`; one that cannot be written is skipped with a
+  warning (the next run then loads its programs when it first calls them)."""
+  data = json.dumps(keys).encode()
+  try:
+    files.atomic_write(listing, lambda f: f.write(data))
+  except OSError as error:
+    logging.warning("fedjax_rep: cannot list the stored programs in %s (%s)", listing, error)
 
 
 def _prune(path: str, max_bytes: int) -> None:
