@@ -25,13 +25,15 @@ import time
 WAYS = ("cold", "warm", "no cache")
 
 
-def run(recipe: str, quick: bool, cache: str, out: str, no_cache: bool = False) -> float:
-  """Seconds of one `fedjax-rep run` process writing into `out`."""
-  command = [sys.executable, "-m", "fedjax_rep", "run", recipe, "--no-progress", "--out", out]
-  command += ["--quick"] * quick + ["--no-compile-cache"] * no_cache
+def run_seconds(args: list[str], out: str, cache: str | None = None) -> float:
+  """Seconds of one `fedjax-rep run ARGS --no-progress --out OUT` process, interpreter start
+  included: with the compilation cache and stored programs in the directory `cache`, or
+  with none (`--no-compile-cache`) when cache is None."""
+  command = [sys.executable, "-m", "fedjax_rep", "run", *args, "--no-progress", "--out", out,
+             *(["--no-compile-cache"] if cache is None else [])]
+  env = os.environ if cache is None else {**os.environ, "FEDJAX_REP_CACHE": cache}
   start = time.perf_counter()
-  subprocess.run(command, check=True, stdout=subprocess.DEVNULL,
-                 env={**os.environ, "FEDJAX_REP_CACHE": cache})
+  subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
   return time.perf_counter() - start
 
 
@@ -41,7 +43,8 @@ def repeat(recipe: str, quick: bool, work: str) -> dict[str, float]:
   seconds, outputs = {}, {}
   for way in WAYS:
     out = tempfile.mkdtemp(dir=work, prefix="run-")
-    seconds[way] = run(recipe, quick, cache, out, no_cache=way == "no cache")
+    seconds[way] = run_seconds([recipe] + ["--quick"] * quick, out,
+                               None if way == "no cache" else cache)
     with open(os.path.join(out, "metrics.csv"), "rb") as f:
       outputs[way] = f.read()
     if outputs[way] != outputs["cold"]:

@@ -29,22 +29,16 @@ import pickle
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+from recipe_time import run_seconds  # benchmarks/ is the script's directory
 
 RECIPE = "fedrep-fig3"
 
 
 def cli(args, out, cache=None):
-  """Seconds of one `fedjax-rep run` process: with no compilation cache, or with the cache
-  (and its stored programs) in the directory `cache`."""
-  command = [sys.executable, "-m", "fedjax_rep", "run", RECIPE, "--quick", "--no-progress",
-             "--out", out, *args, *(["--no-compile-cache"] if cache is None else [])]
-  env = os.environ if cache is None else {**os.environ, "FEDJAX_REP_CACHE": cache}
-  start = time.perf_counter()
-  subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
-  return time.perf_counter() - start
+  """Seconds of one `fedjax-rep run RECIPE --quick ARGS` process (`run_seconds`)."""
+  return run_seconds([RECIPE, "--quick", *args], out, cache)
 
 
 API_SCRIPT = """

@@ -169,7 +169,6 @@ def jit(fun=None, *, static_argnames=(), **options):
     _store["loaded"][key] = compiled
     return compiled(*dynamic[0], **dynamic[1])
 
-  call.jitted = jitted
   return call
 
 

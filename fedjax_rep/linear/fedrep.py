@@ -26,6 +26,7 @@ from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import sharding
 from fedjax_rep.core import tree
 from fedjax_rep.linear import blocks
+from fedjax_rep.linear import features
 from fedjax_rep.linear import fresh_statistics
 from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import init as init_lib
@@ -178,29 +179,28 @@ class FedRep:
     transposed gradient), "loss" = sum_i mask_i (1/2m_i)||r_i||^2, "weight" = sum_i mask_i,
     and with a basis "outside" (`fresh_statistics.residual_statistic`).
 
-    A block of c clients works on its samples as rows [c m, p] and on Z^T [k, c, m]: both
-    products with the samples, Z^T = coords^T V^T and the gradient (w r^T) V, are single
-    [k, .] x [., c m]-shaped products whose output is k-major (on CPU ~3x faster than
-    V coords [c m, k]); the block's samples are read (sliced or drawn) once for both.
+    A block of c clients works on its samples as rows [c m, p] and on Z^T [k, c, m]
+    (`features.k_major`): both products with the samples, Z^T and the gradient (w r^T) V,
+    are k-major products on the same rows, so the block's samples are read (sliced or
+    drawn) once for both.
     """
     data, heads = client_args
     key, basis, coords, hparams, cohort = shared
     n = data.num_clients
     offset = index * n
     k = coords.shape[1]
-    coords_t = coords.T  # [k, p]
 
     def one_block(clients, previous, mask, contiguous):
       V, y = data.design(key, clients, basis, offset=offset, contiguous=contiguous)
       c, m, p = V.shape
       rows = V.reshape(c * m, p)
       counts = data.sample_counts(clients)
-      Zt = jax.lax.dot_general(coords_t, rows, (((1,), (1,)), ((), ()))).reshape(k, c, m)
+      Zt = features.k_major(V, coords)
       w = self.client_heads(jnp.moveaxis(Zt, 0, -1), y, previous, hparams)
       weights = jnp.ones(clients.shape, Zt.dtype) if mask is None else mask.astype(Zt.dtype)
       if mask is not None:
         w = jnp.where(mask[:, None], w, previous)
-      residual = sum(Zt[j] * w[:, j, None] for j in range(k)) - y  # [c, m]
+      residual = features.apply_heads(Zt, w) - y  # [c, m]
       scaled = residual / counts[:, None]
       weighted = (weights[:, None] * w).T[:, :, None] * scaled  # [k, c, m]
       losses = 0.5 * jnp.sum(residual * scaled, axis=1)

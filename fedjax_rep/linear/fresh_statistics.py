@@ -15,6 +15,7 @@ and one draw H per round completes the gradient (whatever the blocks or devices)
 import jax
 import jax.numpy as jnp
 
+from fedjax_rep.linear import features
 from fedjax_rep.linear import normals
 
 VECTOR = 16  # float32 lanes of a 512-bit vector register
@@ -71,17 +72,6 @@ def basis(B: jax.Array, B_star: jax.Array) -> jax.Array:
   return householder_basis(jnp.concatenate([B, B_star], axis=1))
 
 
-def labels(A: jax.Array, M: jax.Array, heads: jax.Array) -> jax.Array:
-  """y [c, m] = A_i M head_i per client, for A [c, m, p], M [p, k], heads [c, k]: one
-  [k, p] x [p, c m] product on A's rows [c m, p], the rows a FedRep round multiplies too
-  (XLA then materialises A once instead of generating it again for each consumer)."""
-  c, m, p = A.shape
-  k = M.shape[1]
-  features = jax.lax.dot_general(M.T, A.reshape(c * m, p), (((1,), (1,)), ((), ())))
-  features = features.reshape(k, c, m)
-  return sum(features[j] * heads[:, j, None] for j in range(k))
-
-
 def sample(key: jax.Array, coords_star: jax.Array, heads: jax.Array, noise_std,
            num_samples: int, ids: jax.Array):
   """A [c, m, p] i.i.d. N(0, 1) and y [c, m] = A coords_star head + noise_std N(0, 1) of c
@@ -90,14 +80,16 @@ def sample(key: jax.Array, coords_star: jax.Array, heads: jax.Array, noise_std,
   Client j's m (p + 1) normals (A row-major, then the noise) are the first of one flat
   draw (`normals.normal_pairs`: two normals per hash) of m (p + 1) rounded up to a multiple
   of VECTOR, seeded by fold_in(key, ids[j]): whole CPU vectors make the generator ~1.5x
-  faster per normal (measured) than a ragged length. The labels are one product (`labels`).
+  faster per normal (measured) than a ragged length. The labels are one product over all
+  clients' rows (`features`).
   """
   p = coords_star.shape[0]
   size = num_samples * (p + 1)
   padded = -(-size // VECTOR) * VECTOR
   drawn = jax.vmap(lambda i: normals.normal_pairs(jax.random.fold_in(key, i), padded))(ids)
   A = drawn[:, :num_samples * p].reshape(ids.shape[0], num_samples, p)
-  return A, labels(A, coords_star, heads) + noise_std * drawn[:, num_samples * p:size]
+  labels = features.apply_heads(features.k_major(A, coords_star), heads)
+  return A, labels + noise_std * drawn[:, num_samples * p:size]
 
 
 def residual_statistic(weights: jax.Array, scaled_residual: jax.Array, w: jax.Array):

@@ -23,6 +23,7 @@ from flax import struct
 from jax.sharding import PartitionSpec
 
 from fedjax_rep.core import checks
+from fedjax_rep.linear import features
 from fedjax_rep.linear import fresh_statistics
 from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import metrics as metrics_lib
@@ -70,7 +71,7 @@ def sample(key: jax.Array, B_star: jax.Array, heads: jax.Array, noise_std, num_s
   y = x^T B_star head + noise_std * N(0, 1), x ~ N(0, I_d). Client j's samples are seeded by
   fold_in(key, ids[j]) (ids default to 0..c-1), so they do not depend on the other clients;
   the normals are jax.random.normal's, bit for bit (`normals.normal`). The noiseless labels
-  are one product over all c clients (`fresh_statistics.labels`).
+  are one product over all c clients (`features`).
   """
   ids = jnp.arange(heads.shape[0]) if ids is None else ids
   dim = B_star.shape[0]
@@ -80,7 +81,7 @@ def sample(key: jax.Array, B_star: jax.Array, heads: jax.Array, noise_std, num_s
     return normals.normal(key_x, (num_samples, dim)), normals.normal(key_e, (num_samples,))
 
   X, noise = jax.vmap(one)(ids)
-  return X, fresh_statistics.labels(X, B_star, heads) + noise_std * noise
+  return X, features.apply_heads(features.k_major(X, B_star), heads) + noise_std * noise
 
 
 def sample_clients(key: jax.Array, problem: LinearProblem, clients: jax.Array, num_samples: int):

@@ -6,6 +6,7 @@ imported when the first figure is made (it takes 0.3 s); `prefetch` starts that 
 the background while a run computes.
 """
 
+import functools
 import importlib
 import math
 import sys
@@ -20,10 +21,12 @@ def _import_matplotlib() -> None:
     importlib.import_module(name)
 
 
+@functools.cache
 def prefetch() -> None:
-  """Starts importing matplotlib in a background thread, unless it is imported already (a
-  figure made meanwhile waits for the import). Called just before compiled rounds run,
-  the import overlaps them instead of holding up the Python work before them."""
+  """Starts importing matplotlib in a background thread, once per process, unless it is
+  imported already (a figure made meanwhile waits for the import). Called just before
+  compiled rounds run, the import overlaps them instead of holding up the Python work
+  before them."""
   if "matplotlib.lines" not in sys.modules:
     threading.Thread(target=_import_matplotlib, daemon=True).start()
 
