@@ -1,49 +1,32 @@
 """fedjax_rep: a vectorised JAX simulator of federated representation learning.
 
-The flat public API; implementation lives in the subpackages.
+The flat public API (`fedjax_rep.api`) loads on the first name asked of the package
+(`fr.FedRep`, `from fedjax_rep import FedRep`, `fr.linear.problem`), not on `import
+fedjax_rep`, nor on a module's import (`from fedjax_rep import cli`): the command line
+imports only the modules its recipe uses. Implementation lives in the subpackages.
 """
 
-from fedjax_rep.core.aggregate import weighted_mean, weighted_sum
-from fedjax_rep.core.cohort import cohort_size, sample_cohort
-from fedjax_rep.core.compile_cache import enable as enable_compile_cache
-from fedjax_rep.core.loop import RunResult, evaluate, init_state, run
-from fedjax_rep.core.padding import Padded, PaddedData
-from fedjax_rep.core.protocols import (Algorithm, Checked, ClientData, Evaluated,
-                                      MaskedAlgorithm)
-from fedjax_rep.core.registry import ALGORITHMS
-from fedjax_rep.data import digits
-from fedjax_rep.data.federated import ClientDatasets, client_datasets
-from fedjax_rep.data.federated import stack as stack_datasets
-from fedjax_rep.data.partition import PARTITIONS, partition
-from fedjax_rep.core.tree import gather, scatter, stack
-from fedjax_rep.hetero.speeds import SpeedModel, dynamic_speeds, fixed_speeds, given_speeds
-from fedjax_rep.hetero.timed import (Timed, TimedHparams, TimedState, fixed_participants,
-                                     srpfl_participants)
-from fedjax_rep.hetero.timed import hparams as timed_hparams
-from fedjax_rep.linear.fedavg import (FedAvg, GlobalState, fine_tuned_models, global_grad_norm,
-                                      local_gd, model_loss_and_grad)
-from fedjax_rep.linear.fedrep import FedRep, RepState, mean_rep_gradient
-from fedjax_rep.linear.flute import Flute, regularizer, regularizer_grads
-from fedjax_rep.linear.heads import fit_models, head_gd, least_squares, solve_spd
-from fedjax_rep.linear.hparams import LinearHparams
-from fedjax_rep.linear.init import init_representation, method_of_moments
-from fedjax_rep.linear.memory import check as check_memory
-from fedjax_rep.linear.memory import estimate as estimate_memory
-from fedjax_rep.linear.local import fine_tune_error, local_models, new_client_error
-from fedjax_rep.linear.metrics import mean_squared_error, model_error, principal_angle
-from fedjax_rep.linear.problem import (FixedData, FreshData, LinearProblem, PopulationData,
-                                       Targets, client_data, make_fixed_data, make_problem,
-                                       sample, sample_clients)
-from fedjax_rep.linear.underparam import make_models, rank_k_error, spectrum, top_subspace
-from fedjax_rep.linear.underparam import make_data as make_underparam_data
-from fedjax_rep.linear.registry import make_algorithm
-from fedjax_rep.nn.algorithm import NNState, Personalized
-from fedjax_rep.nn.hparams import NNHparams
-from fedjax_rep.nn.hparams import hparams as nn_hparams
-from fedjax_rep.nn.models import MODELS, make_model
-from fedjax_rep.nn.registry import make_algorithm as make_neural_algorithm
-from fedjax_rep.recipes import RECIPES, resolve, run_to_dir
-from fedjax_rep.recipes import run as run_recipe
-from fedjax_rep.recipes.config import ConfigError
+import importlib
+import importlib.util
 
 __version__ = "0.1.0"
+
+
+def _api() -> dict:
+  """The public names of `fedjax_rep.api` (importing it the first time)."""
+  api = importlib.import_module(f"{__name__}.api")
+  return {key: value for key, value in vars(api).items() if not key.startswith("_")}
+
+
+def __getattr__(name: str):
+  spec = importlib.util.find_spec(f"{__name__}.{name}") if name.isidentifier() else None
+  if spec is not None and spec.submodule_search_locations is None:  # a module, not a package
+    return importlib.import_module(f"{__name__}.{name}")
+  globals().update(_api())
+  if name not in globals():
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  return globals()[name]
+
+
+def __dir__() -> list[str]:
+  return sorted({*globals(), *_api()})

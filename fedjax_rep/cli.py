@@ -15,12 +15,12 @@ DEFAULT_RECIPE = "fedrep-fig3"
 
 
 def _list() -> None:
-  import fedjax_rep  # noqa: F401  registers every family's algorithms
+  from fedjax_rep import api  # noqa: F401  registers every family's algorithms
   from fedjax_rep.core.registry import ALGORITHMS
   from fedjax_rep.hetero.timed import SCHEDULES
-  from fedjax_rep.recipes import RECIPES
+  from fedjax_rep.recipes.registry import all_recipes
   print("recipes:")
-  for name, recipe in RECIPES.items():
+  for name, recipe in all_recipes().items():
     print(f"  {name:<20} {recipe.summary}")
   for family, entries in ALGORITHMS.items():
     print(f"{family} algorithms:")

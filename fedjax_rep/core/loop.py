@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from optax import tree_utils as otu
 from tqdm import tqdm
 
 from fedjax_rep.core import checkpoint
@@ -111,7 +110,7 @@ def _scan_rounds(algorithm, state, diverged, reference, data, hparams, rounds_ke
       value = jnp.abs(tracked).astype(reference.dtype)
       reference = jnp.where(jnp.isnan(reference), value, reference)
       ok &= ~(value > blowup * reference)
-    state = otu.tree_where(ok, new_state, state)
+    state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
     metrics = jax.tree.map(lambda m: jnp.where(ok, m, jnp.nan), metrics)
     return (state, ~ok, reference), {**metrics, "diverged": (~ok).astype(jnp.float32)}
 

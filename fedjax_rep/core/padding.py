@@ -12,11 +12,11 @@ import dataclasses
 from typing import Any
 
 import jax
-from flax import struct
 from jax.sharding import PartitionSpec
 
 from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
+from fedjax_rep.core import struct
 from fedjax_rep.core.protocols import Checked
 
 

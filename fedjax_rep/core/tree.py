@@ -1,4 +1,7 @@
-"""Per-client state: pytrees whose leaves have a leading client axis."""
+"""Per-client state: pytrees whose leaves have a leading client axis; nested dicts as flat
+dicts with '/'-joined keys (as flax.traverse_util's, without importing flax)."""
+
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -17,3 +20,27 @@ def scatter(tree, clients: jax.Array, rows):
 def stack(trees):
   """One pytree whose leaves stack those of `trees` along a new leading axis (a sweep)."""
   return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def flatten(nested: Mapping) -> dict:
+  """{'a/b/c': leaf} of nested dicts {'a': {'b': {'c': leaf}}}, depth first in key order;
+  empty dicts are dropped."""
+  flat = {}
+  for key, value in nested.items():
+    if isinstance(value, Mapping):
+      flat.update({f"{key}/{path}": leaf for path, leaf in flatten(value).items()})
+    else:
+      flat[key] = value
+  return flat
+
+
+def unflatten(flat: Mapping) -> dict:
+  """The nested dicts of a flat dict with '/'-joined keys (inverse of `flatten`)."""
+  nested = {}
+  for path, leaf in flat.items():
+    *parents, name = path.split("/")
+    node = nested
+    for parent in parents:
+      node = node.setdefault(parent, {})
+    node[name] = leaf
+  return nested

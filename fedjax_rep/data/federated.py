@@ -8,9 +8,9 @@ so every client has the same shape and a whole cohort is one array.
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from fedjax_rep.core import checks
+from fedjax_rep.core import struct
 
 
 @struct.dataclass
@@ -28,7 +28,7 @@ class ClientDatasets:
   x_test: jax.Array
   y_test: jax.Array
   test_counts: jax.Array
-  num_classes: int = struct.field(pytree_node=False)
+  num_classes: int = struct.static_field()
 
   @property
   def num_clients(self) -> int:

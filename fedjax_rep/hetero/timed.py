@@ -25,10 +25,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
+from fedjax_rep.core import struct
 from fedjax_rep.core.protocols import Checked, Evaluated, MaskedAlgorithm
 from fedjax_rep.hetero import clock, schedule, speeds as speeds_lib
 from fedjax_rep.hetero.speeds import SpeedModel

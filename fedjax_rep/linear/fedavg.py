@@ -11,11 +11,11 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from fedjax_rep.core import aggregate
 from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
+from fedjax_rep.core import struct
 from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics

@@ -18,12 +18,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from fedjax_rep.core import aggregate
 from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import sharding
+from fedjax_rep.core import struct
 from fedjax_rep.core import tree
 from fedjax_rep.linear import blocks
 from fedjax_rep.linear import features

@@ -1,7 +1,8 @@
 """Traced hyperparameters of the linear algorithms (a sweep over them is a vmap)."""
 
 import jax
-from flax import struct
+
+from fedjax_rep.core import struct
 
 
 @struct.dataclass

@@ -19,10 +19,10 @@ the round's `basis`) and the partition of their leaves over devices (`client_spe
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 from jax.sharding import PartitionSpec
 
 from fedjax_rep.core import checks
+from fedjax_rep.core import struct
 from fedjax_rep.linear import features
 from fedjax_rep.linear import fresh_statistics
 from fedjax_rep.linear import heads as heads_lib
@@ -294,8 +294,8 @@ class FreshData(ProblemData):
   outputs with m(2k+1) normals per client instead of m(d+1). `batch` (other algorithms,
   the initialisation) always samples directly.
   """
-  samples: int = struct.field(pytree_node=False)
-  sampler: str = struct.field(pytree_node=False, default="direct")
+  samples: int = struct.static_field()
+  sampler: str = struct.static_field(default="direct")
 
   def __post_init__(self):
     if self.sampler not in SAMPLERS:

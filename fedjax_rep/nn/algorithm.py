@@ -31,7 +31,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
-from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec
 from optax import tree_utils as otu
 
@@ -39,6 +38,7 @@ from fedjax_rep.core import aggregate
 from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import sharding
+from fedjax_rep.core import struct
 from fedjax_rep.core import tree
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import train

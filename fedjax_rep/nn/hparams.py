@@ -2,7 +2,8 @@
 
 import jax
 import jax.numpy as jnp
-from flax import struct
+
+from fedjax_rep.core import struct
 
 
 @struct.dataclass

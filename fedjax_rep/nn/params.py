@@ -8,19 +8,9 @@ ones once, the personal ones with a leading client axis.
 
 from typing import Callable
 
-from flax import traverse_util
+from fedjax_rep.core.tree import flatten, unflatten  # noqa: F401  params as flat dicts
 
 SHARED, PERSONAL = "shared", "personal"
-
-
-def flatten(params) -> dict:
-  """{'a/b/c': leaf} of nested params {'a': {'b': {'c': leaf}}}."""
-  return traverse_util.flatten_dict(params, sep="/")
-
-
-def unflatten(flat: dict) -> dict:
-  """The nested params of a flat dict (inverse of `flatten`)."""
-  return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def layers(flat: dict) -> list[str]:

@@ -10,9 +10,9 @@ import subprocess
 from importlib import metadata
 
 import numpy as np
-from flax import traverse_util
 
 from fedjax_rep.core import checkpoint
+from fedjax_rep.core import tree
 from fedjax_rep.core.files import atomic_write
 
 
@@ -144,11 +144,11 @@ class RunDir:
     path = os.path.join(self.path, "parts", name + ".npz")
     if os.path.exists(path):
       with np.load(path) as saved:
-        return traverse_util.unflatten_dict({k: saved[k] for k in saved.files}, sep="/")
+        return tree.unflatten({k: saved[k] for k in saved.files})
     checkpoints = os.path.join(self.path, "parts", name + ".ckpt")
     with checkpoint.scope(checkpoints, self.every_rounds, self.every_seconds):
       result = compute()
-    flat = traverse_util.flatten_dict(result, sep="/")
+    flat = tree.flatten(result)
     atomic_write(path, lambda f: np.savez(f, **{k: np.asarray(v) for k, v in flat.items()}))
     shutil.rmtree(checkpoints, ignore_errors=True)
     return result

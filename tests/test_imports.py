@@ -1,0 +1,90 @@
+"""What importing costs: the command line runs a linear recipe without flax or optax, and
+the flat API (`fr.X`) loads on first use, whole."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from fedjax_rep.core import struct
+from fedjax_rep.core import tree
+
+LINEAR_RUN = """
+import json, sys
+from fedjax_rep import cli
+code = cli.main(["run", "fedrep-fig3", "--quick", "--no-progress", "--no-compile-cache",
+                 "--out", sys.argv[1]])
+print(json.dumps({"code": code, "modules": sorted(
+    name for name in ("flax", "optax", "chex", "fedjax_rep.api", "fedjax_rep.nn",
+                      "fedjax_rep.recipes.srpfl_neural") if name in sys.modules)}))
+"""
+
+FLAT_API = """
+import json, sys
+import fedjax_rep as fr
+before = "fedjax_rep.api" in sys.modules
+from fedjax_rep import FedRep
+try:
+  fr.no_such_name
+  missing = None
+except AttributeError as error:
+  missing = str(error)
+print(json.dumps({"before": before, "fedrep": FedRep.__module__,
+                  "problem": fr.linear.problem.__name__, "recipes": len(fr.RECIPES),
+                  "in_dir": "make_problem" in dir(fr), "neural": "neural" in fr.ALGORITHMS
+                  and "fedrep" in fr.ALGORITHMS["neural"], "missing": missing}))
+"""
+
+
+def _child(script: str, *args) -> dict:
+  done = subprocess.run([sys.executable, "-c", script, *args], check=True,
+                        capture_output=True, text=True)
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_linear_recipe_imports_no_flax_optax_or_neural_code(tmp_path):
+  result = _child(LINEAR_RUN, str(tmp_path / "run"))
+  assert result == {"code": 0, "modules": []}
+  assert (tmp_path / "run" / "metrics.csv").stat().st_size > 0
+
+
+def test_flat_api_loads_whole_on_first_attribute():
+  result = _child(FLAT_API)
+  assert result["before"] is False  # `import fedjax_rep` alone loads nothing
+  assert result["fedrep"] == "fedjax_rep.linear.fedrep"
+  assert result["problem"] == "fedjax_rep.linear.problem"
+  assert result["recipes"] >= 16 and result["in_dir"] and result["neural"]
+  assert "no attribute 'no_such_name'" in result["missing"]
+
+
+def test_struct_dataclass_is_a_pytree_with_static_fields_and_replace():
+  @struct.dataclass
+  class Point:
+    x: jax.Array
+    label: str = struct.static_field(default="a")
+
+  point = Point(np.float32(1.0))
+  assert jax.tree.leaves(point) == [1.0]
+  assert jax.tree.map(lambda v: v + 1, point) == Point(np.float32(2.0))
+  assert point.replace(label="b").label == "b" and point.label == "a"
+  traces = []
+
+  @jax.jit
+  def double(p):
+    traces.append(p.label)
+    return p.replace(x=2 * p.x)
+
+  assert double(point).x == 2.0 and double(Point(np.float32(3.0))).x == 6.0
+  double(point.replace(label="b"))
+  assert traces == ["a", "b"]  # a static field is part of the program's key
+
+
+def test_flatten_unflatten_round_trip():
+  nested = {"body": {"conv1": {"kernel": 1, "bias": 2}, "fc": {"w": 3}}, "head": {"b": 4},
+            "empty": {}}
+  flat = tree.flatten(nested)
+  assert list(flat.items()) == [("body/conv1/kernel", 1), ("body/conv1/bias", 2),
+                                ("body/fc/w", 3), ("head/b", 4)]
+  assert tree.unflatten(flat) == {key: value for key, value in nested.items() if value}
