@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -74,6 +75,15 @@ def test_each_shape_and_static_value_is_its_own_program(tmp_path):
 def test_static_arguments_without_a_value_repr_are_not_stored(tmp_path):
   with executables.storing(str(tmp_path)):
     np.testing.assert_array_equal(_scaled(jnp.ones(3), scale=lambda v: v + 1), 3 * np.ones(3))
+  assert os.listdir(tmp_path) == []
+
+
+def test_a_call_inside_another_trace_is_inlined_not_stored(tmp_path):
+  """Called from a jitted or vmapped function (as fedavg-ft-fig3 does), the arguments are
+  tracers: the outer program inlines the plain jit and nothing is stored."""
+  with executables.storing(str(tmp_path)):
+    outer = jax.jit(jax.vmap(lambda x: _scaled(x, scale=2.0)))
+    np.testing.assert_array_equal(outer(jnp.ones((2, 3))), 2 * np.ones((2, 3)))
   assert os.listdir(tmp_path) == []
 
 

@@ -14,8 +14,9 @@ backend and its devices, XLA_FLAGS and the jax options that change programs, the
 arguments' repr, and the structure, shapes, dtypes and weak types of the other arguments.
 Code outside the package is not in the key, which is why only the command line (whose
 recipes run the package's code only) opens a store. Calls that the key cannot describe
-go to the plain jitted function: arguments on several devices, and static arguments whose
-repr names a memory address (functions, objects without a value repr).
+go to the plain jitted function: arguments on several devices, static arguments whose
+repr names a memory address (functions, objects without a value repr), and calls inside
+another trace (a jitted or vmapped caller), which the plain jit inlines.
 
 A store opened with a name (the command line names the recipe and its settings) lists the
 programs its block used under that name; the next block of the same name loads them in
@@ -189,9 +190,12 @@ def _persistent_cache_off():
 
 def _key(name: str, static: dict, dynamic) -> str | None:
   """The sha256 naming the program of `name` for these arguments, or None when the
-  arguments cannot be described by value (module docstring)."""
+  arguments cannot be described by value (module docstring), or when it is called inside
+  another trace (traced arguments: the plain jit inlines it into the outer program)."""
   leaves, treedef = jax.tree.flatten(dynamic)
   for leaf in leaves:
+    if isinstance(leaf, jax.core.Tracer):
+      return None
     if isinstance(leaf, jax.Array) and len(leaf.sharding.device_set) != 1:
       return None
   text = "\n".join([name, repr(sorted(static.items())), str(treedef),
