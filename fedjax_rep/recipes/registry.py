@@ -87,8 +87,9 @@ def all_recipes() -> dict[str, Recipe]:
 def get(name: str) -> Recipe:
   """The recipe `name`, importing only the module that defines it; ConfigError naming the
   known recipes if there is none."""
-  if name not in RECIPES and _module_rank(name) < len(MODULES):
-    importlib.import_module(f"{__package__}.{MODULES[_module_rank(name)]}")
+  rank = _module_rank(name)
+  if name not in RECIPES and rank < len(MODULES):
+    importlib.import_module(f"{__package__}.{MODULES[rank]}")
   if name not in RECIPES:
     raise cfg.ConfigError(f"unknown recipe {name!r}; known recipes: "
                           f"{', '.join(all_recipes())}")
