@@ -8,6 +8,7 @@ import scipy.linalg
 
 import fedjax_rep as fr
 import reference as ref
+from fedjax_rep.linear import features
 
 
 @pytest.mark.parametrize("m,k", [(5, 2), (20, 5), (10, 8), (30, 12), (1, 2), (3, 5)])
@@ -21,6 +22,18 @@ def test_least_squares_matches_reference_under_jit_and_vmap(m, k):
   np.testing.assert_allclose(w, expected, rtol=1e-3, atol=1e-4)
   lstsq = [np.linalg.lstsq(Z[i].astype(np.float64), y[i], rcond=None)[0] for i in range(7)]
   np.testing.assert_allclose(w, lstsq, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("k", [1, 5, 8, 9])
+@pytest.mark.parametrize("row_major", [False, True])
+def test_k_major_features_match_numpy_under_jit_and_vmap(k, row_major):
+  rng = np.random.default_rng(k)
+  A = rng.standard_normal((3, 4, 10, 7)).astype(np.float32)  # [runs, c, m, p]
+  M = rng.standard_normal((3, 7, k)).astype(np.float32)
+  Zt = jax.jit(jax.vmap(lambda A, M: features.k_major(A, M, row_major)))(A, M)
+  expected = np.einsum("rcmp,rpk->rkcm", A.astype(np.float64), M.astype(np.float64))
+  assert Zt.shape == (3, k, 4, 10)
+  np.testing.assert_allclose(Zt, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("m,k", [(5, 2), (1, 2), (10, 9)])

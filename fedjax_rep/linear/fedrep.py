@@ -180,22 +180,23 @@ class FedRep:
     and with a basis "outside" (`fresh_statistics.residual_statistic`).
 
     A block of c clients works on its samples as rows [c m, p] and on Z^T [k, c, m]
-    (`features.k_major`): both products with the samples, Z^T and the gradient (w r^T) V,
-    are k-major products on the same rows, so the block's samples are read (sliced or
-    drawn) once for both.
+    (`features.k_major`; its row-major product for fixed data): both products with the
+    samples, Z^T and the gradient (w r^T) V, work on the same rows, so the block's samples
+    are read (sliced or drawn) once for both.
     """
     data, heads = client_args
     key, basis, coords, hparams, cohort = shared
     n = data.num_clients
     offset = index * n
     k = coords.shape[1]
+    read = isinstance(data, FixedData)  # read from memory, not generated
 
     def one_block(clients, previous, mask, contiguous):
       V, y = data.design(key, clients, basis, offset=offset, contiguous=contiguous)
       c, m, p = V.shape
       rows = V.reshape(c * m, p)
       counts = data.sample_counts(clients)
-      Zt = features.k_major(V, coords)
+      Zt = features.k_major(V, coords, row_major=read)
       w = self.client_heads(jnp.moveaxis(Zt, 0, -1), y, previous, hparams)
       weights = jnp.ones(clients.shape, Zt.dtype) if mask is None else mask.astype(Zt.dtype)
       if mask is not None:
@@ -211,7 +212,6 @@ class FedRep:
       return sums, w
 
     client_bytes = 4 * data.samples * (coords.shape[0] + 1)  # one client's V and y
-    read = isinstance(data, FixedData)  # read from memory, not generated
     if mode == "all":
       def full(start, size, parts):
         return one_block(start + jnp.arange(size), parts[0], None, True)
