@@ -10,7 +10,8 @@ round), the same distribution of the round's outputs.
 
 Three implementations of that round, timed in the same process after warm-up/compilation:
   jax      fedjax_rep's `fr.run` (rounds under lax.scan in jit; it also records the train loss
-           and the principal angle every round);
+           and the principal angle every round); with fixed data once per `--kernels` entry:
+           "xla" (blocks of XLA ops) and "native" (the C++ kernel `linear.native_round`);
   loop     a plain numpy loop over clients (timed on a subset of clients when n is large and
            extrapolated linearly in n);
   batched  numpy on [n, m, d] arrays at once (BLAS matmuls, batched np.linalg.solve).
@@ -25,8 +26,10 @@ larger. The numpy baselines of both fresh modes draw X_i [m, d] directly.
   python benchmarks/linear_round.py            # n in 1000, 10000, 100000
   python benchmarks/linear_round.py --quick    # n in 1000, 10000, fewer repetitions
   python benchmarks/linear_round.py --sizes 1000 50000
-  python benchmarks/linear_round.py --sizes 100000 --json rows.json   # rows: n, mode, ms_per_round,
+  python benchmarks/linear_round.py --sizes 100000 --json rows.json   # rows: n, mode, kernel,
+                                                                      # ms_per_round,
                                                                       # fraction_of_roofline, ...
+  python benchmarks/linear_round.py --sizes 100000 --modes fixed --kernels native
 """
 
 import argparse
@@ -138,16 +141,22 @@ def seconds_per_call(fn, min_seconds, repeats):
 
 
 def jax_seconds_per_round(run, min_seconds, repeats):
-  """Seconds per round of `fr.run`: the first call compiles, identical later calls are timed.
+  """(seconds per round, seconds per call beyond its rounds) of `fr.run`.
 
-  Each call runs max(10, 100000 / n) rounds in one chunk (one compiled scan), from the
-  already computed initial state, so that only rounds are timed.
+  Calls of R and 5R rounds (R = max(10, 100000 / n)), each one chunk (one compiled scan)
+  from the already computed initial state, are timed after a first call compiles them; the
+  round is the difference over the 4R rounds more, the call's own cost (its input checks on
+  the host, a copy of the state, fetching the metrics) the rest of the R-round call.
   """
   rounds = max(10, 100_000 // run.alg.cohort)
   key = jax.random.key(2)
-  call = lambda: fr.run(run.alg, run.data, run.hp, key, num_rounds=rounds, chunk=rounds,
-                        state=run.state, progress=False)
-  return seconds_per_call(call, min_seconds, repeats) / rounds
+  seconds = {}
+  for r in (rounds, 5 * rounds):
+    call = lambda r=r: fr.run(run.alg, run.data, run.hp, key, num_rounds=r, chunk=r,
+                              state=run.state, progress=False)
+    seconds[r] = seconds_per_call(call, min_seconds, repeats)
+  per_round = (seconds[5 * rounds] - seconds[rounds]) / (4 * rounds)
+  return per_round, seconds[rounds] - rounds * per_round
 
 
 # --- roofline ------------------------------------------------------------------------------
@@ -218,16 +227,17 @@ class Run(NamedTuple):
   problem: fr.LinearProblem
 
 
-def setup(num_clients, mode, block=None):
+def setup(num_clients, mode, block=None, kernel="xla"):
   """The JAX run of `num_clients` clients with "fixed", "fresh" or "fresh-statistics" data,
-  in blocks of `block` clients (None: automatic)."""
+  in blocks of `block` clients (None: automatic), fixed data with `kernel` ("xla" or
+  "native")."""
   problem = fr.make_problem(jax.random.key(0), num_clients, DIM, REP_DIM, NOISE_STD)
   if mode == "fixed":
     data = fr.make_fixed_data(jax.random.key(1), problem, SAMPLES)
   else:
     data = fr.FreshData(problem, SAMPLES,
                         sampler="statistics" if mode == "fresh-statistics" else "direct")
-  alg = fr.FedRep(rep_dim=REP_DIM, cohort=num_clients, block=block)
+  alg = fr.FedRep(rep_dim=REP_DIM, cohort=num_clients, block=block, kernel=kernel)
   hp = fr.LinearHparams(lr=jnp.float32(LR), head_lr=jnp.float32(LR))
   state = jax.block_until_ready(fr.init_state(alg, data, hp, jax.random.key(2)))
   return Run(alg, data, hp, state, problem)
@@ -268,10 +278,10 @@ def benchmark(run, mode, rates, min_seconds, repeats, max_loop_clients):
   loop_s = seconds_per_call(lambda: loop_round(B0, client_batch, loop_clients), min_seconds,
                             1) * n / loop_clients
   batched_s = seconds_per_call(batched, min_seconds, repeats)
-  jax_s = jax_seconds_per_round(run, min_seconds, repeats)
+  jax_s, call_s = jax_seconds_per_round(run, min_seconds, repeats)
   normals_per_s = normal_rate(n, mode, repeats) if mode != "fixed" else None
   roof_s, bound = roofline_seconds(n, mode, rates, normals_per_s)
-  return {"n": n, "mode": mode, "jax": jax_s, "loop": loop_s, "batched": batched_s,
+  return {"n": n, "mode": mode, "kernel": run.alg.kernel, "jax": jax_s, "call": call_s, "loop": loop_s, "batched": batched_s,
           "extrapolated": loop_clients < n, "roofline": roof_s, "bound": bound,
           "normals_per_s": normals_per_s}
 
@@ -293,13 +303,13 @@ def machine_info():
 
 def format_table(rows):
   """The results as a fixed-width text table."""
-  header = (f"{'n':>7} {'mode':>16} {'jax ms':>9} {'loop ms':>10} {'batched ms':>10} "
+  header = (f"{'n':>7} {'mode':>16} {'kernel':>6} {'jax ms':>9} {'loop ms':>10} {'batched ms':>10} "
             f"{'x loop':>7} {'x batched':>9} {'roofline ms':>11} {'bound':>7} {'of roof':>7}")
   lines = [header, "-" * len(header)]
   for r in rows:
     loop = f"{r['loop'] * 1e3:.1f}" + ("*" if r["extrapolated"] else "")
     lines.append(
-        f"{r['n']:>7} {r['mode']:>16} {r['jax'] * 1e3:>9.2f} {loop:>10} "
+        f"{r['n']:>7} {r['mode']:>16} {r['kernel']:>6} {r['jax'] * 1e3:>9.2f} {loop:>10} "
         f"{r['batched'] * 1e3:>10.2f} {r['loop'] / r['jax']:>7.1f} "
         f"{r['batched'] / r['jax']:>9.2f} {r['roofline'] * 1e3:>11.2f} {r['bound']:>7} "
         f"{r['roofline'] / r['jax']:>7.0%}")
@@ -314,6 +324,9 @@ def main():
   parser.add_argument("--modes", nargs="+", choices=MODES, default=MODES,
                       help="data modes to time (default all)")
   parser.add_argument("--block", type=int, help="clients per block (default: automatic)")
+  parser.add_argument("--kernels", default="xla,native",
+                      help="comma-separated kernels of the fixed-data round: xla, native "
+                           "(default both)")
   parser.add_argument("--json", metavar="PATH",
                       help="also write the rows as JSON (n, mode, ms_per_round, "
                            "fraction_of_roofline, roofline_ms, bound, load_average, ...)")
@@ -327,19 +340,24 @@ def main():
   print(f"roofline: matmul {rates['gflops']:.0f} GFLOP/s (jax, 2048^3), read "
         f"{rates['read_gbs']:.1f} GB/s (jax sum of 400 MB), numpy copy "
         f"{rates['copy_gbs']:.1f} GB/s (read + write)")
+  kernels = args.kernels.split(",")
+  if not set(kernels) <= {"xla", "native"}:
+    parser.error(f"--kernels takes xla and/or native, got {args.kernels!r}")
   rows = []
   for n in sizes:
     for mode in args.modes:
-      run = setup(n, mode, args.block)
-      if mode == "fixed" and n == min(sizes):
-        error_B, error_update = check_against_numpy(run)
-        print(f"check (n={n}, fixed data, 1 round, numpy batched and loop vs JAX): relative "
-              f"error of B {error_B:.1e}, of the update B - B0 {error_update:.1e}")
-      rows.append(benchmark(run, mode, rates, min_seconds, repeats, max_loop_clients))
-      rows[-1]["load_average"] = os.getloadavg()[0]
-      if mode != "fixed":
-        print(f"n={n} ({mode}): normals {rows[-1]['normals_per_s'] / 1e6:.0f} M "
-              f"samples/s, {normals_per_round(n, mode) / n:.0f} normals per client")
+      for kernel in kernels if mode == "fixed" else ["xla"]:
+        run = setup(n, mode, args.block, kernel)
+        if mode == "fixed" and n == min(sizes):
+          error_B, error_update = check_against_numpy(run)
+          print(f"check (n={n}, fixed data, {kernel}, 1 round, numpy batched and loop vs "
+                f"JAX): relative error of B {error_B:.1e}, of the update B - B0 "
+                f"{error_update:.1e}")
+        rows.append(benchmark(run, mode, rates, min_seconds, repeats, max_loop_clients))
+        rows[-1]["load_average"] = os.getloadavg()[0]
+        if mode != "fixed":
+          print(f"n={n} ({mode}): normals {rows[-1]['normals_per_s'] / 1e6:.0f} M "
+                f"samples/s, {normals_per_round(n, mode) / n:.0f} normals per client")
   print()
   print(format_table(rows))
   if any(r["extrapolated"] for r in rows):
@@ -352,7 +370,8 @@ def main():
 
 def write_json(path, rows, rates):
   """Writes the rows (times in ms) and the machine's rates to `path`."""
-  records = [{"n": r["n"], "mode": r["mode"], "ms_per_round": r["jax"] * 1e3,
+  records = [{"n": r["n"], "mode": r["mode"], "kernel": r["kernel"], "ms_per_round": r["jax"] * 1e3,
+              "ms_per_call_beyond_rounds": r["call"] * 1e3,
               "fraction_of_roofline": r["roofline"] / r["jax"], "roofline_ms": r["roofline"] * 1e3,
               "bound": r["bound"], "loop_ms": r["loop"] * 1e3, "batched_ms": r["batched"] * 1e3,
               "normals_per_s": r["normals_per_s"], "load_average": r["load_average"]}

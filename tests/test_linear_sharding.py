@@ -21,7 +21,7 @@ DEVICES, GROUPS, BLOCK = 8, 8, 3
 HP = fr.LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.05))
 CASES = [(mode, cohort, head_steps) for mode in ("fixed", "fresh", "fresh-statistics")
          for cohort, head_steps in ((N, None), (16, 1))]
-QUICK_CASES = [("fixed", N, None), ("fresh-statistics", 16, 1)]
+QUICK_CASES = [("fixed", N, None), ("fresh-statistics", 16, 1), ("fixed", N, None, "native")]
 
 
 def data_of(mode):
@@ -33,14 +33,14 @@ def data_of(mode):
 
 
 def results(devices: int, cases) -> dict:
-  """B, heads and losses after 3 rounds of every case (mode, cohort, head_steps), on
-  `devices` devices."""
+  """B, heads and losses after 3 rounds of every case (mode, cohort, head_steps[, kernel]),
+  on `devices` devices."""
   out = {}
-  for mode, cohort, head_steps in cases:
+  for mode, cohort, head_steps, *kernel in cases:
     algorithm = fr.FedRep(rep_dim=K, cohort=cohort, head_steps=head_steps, block=BLOCK,
-                          devices=devices, client_groups=GROUPS)
+                          devices=devices, client_groups=GROUPS, kernel=(kernel or ["auto"])[0])
     result = fr.run(algorithm, data_of(mode), HP, jax.random.key(5), 3, progress=False)
-    name = f"{mode}-{cohort}"
+    name = "-".join(map(str, (mode, cohort, *kernel)))
     out[f"{name}-B"] = np.asarray(result.state.B)
     out[f"{name}-heads"] = np.asarray(result.state.heads)
     out[f"{name}-loss"] = result.metrics["train_loss"]

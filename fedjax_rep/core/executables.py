@@ -43,13 +43,15 @@ from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
 from fedjax_rep.core import files
+from fedjax_rep.core import native
 
 CONFIG_OPTIONS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_default_prng_impl",
                   "jax_threefry_partitionable", "jax_numpy_dtype_promotion")
 VERSIONED = ("jax", "jaxlib", "flax", "optax")
 MAX_BYTES = 2 << 30  # a store above this size drops its least recently used programs
 LOAD_THREADS = 2  # background loads of a named block's programs
-FORMAT = 2  # of a stored program's file: (payload, in_tree, out_tree, calls LAPACK); in the key
+FORMAT = 3  # of a stored program's file: (payload, in_tree, out_tree, calls LAPACK,
+            # C++ kernels it calls); in the key
 
 # The open store: its directory, the executables in memory, the keys the block has used (in
 # order) and the background loads not yet claimed (key: future).
@@ -238,9 +240,11 @@ def _load(path: str, key: str):
   file = _path(path, key)
   try:
     with open(file, "rb") as f:
-      payload, in_tree, out_tree, calls_lapack = pickle.load(f)
+      payload, in_tree, out_tree, calls_lapack, kernels = pickle.load(f)
     if calls_lapack:
       _initialize_lapack()
+    for kernel in kernels:  # its custom-call targets, registered before it runs
+      native.load(kernel)
     compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
     os.utime(file)  # recently used: kept when the store is pruned
     return compiled
@@ -255,8 +259,10 @@ def _save(path: str, key: str, compiled) -> None:
   """Stores `compiled` under `key` in `path`; a store that cannot be written is skipped with
   a warning."""
   try:
-    calls_lapack = "lapack_" in compiled.as_text()  # custom calls to jaxlib's LAPACK kernels
-    data = pickle.dumps((*serialize_executable.serialize(compiled), calls_lapack))
+    text = compiled.as_text()
+    calls_lapack = "lapack_" in text  # custom calls to jaxlib's LAPACK kernels
+    data = pickle.dumps((*serialize_executable.serialize(compiled), calls_lapack,
+                         native.called(text)))
     files.atomic_write(_path(path, key), lambda f: f.write(data))
   except (OSError, pickle.PicklingError, TypeError, ValueError) as error:
     logging.warning("fedjax_rep: cannot store a compiled program in %s (%s)", path, error)

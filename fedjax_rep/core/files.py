@@ -22,12 +22,13 @@ def atomic_write(path: str, write) -> None:
 
 
 def source_fingerprint() -> str:
-  """sha256 of the package's Python sources (paths and contents): the code that wrote a run."""
+  """sha256 of the package's Python and C++ sources (paths and contents): the code that
+  wrote a run."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   digest = hashlib.sha256()
   for directory, subdirs, files in sorted(os.walk(root)):
     subdirs.sort()
-    for name in sorted(f for f in files if f.endswith(".py")):
+    for name in sorted(f for f in files if f.endswith((".py", ".cc"))):
       path = os.path.join(directory, name)
       digest.update(os.path.relpath(path, root).encode() + b"\0")
       with open(path, "rb") as f:

@@ -10,7 +10,8 @@ adding up the aggregation's weighted sums), so each client's data is read or gen
 once and memory is O(block); with `devices` > 1 the clients are split over devices
 (`core.sharding.over_clients`: each device scans its own blocks, one psum). Fresh data with
 sampler="statistics" run the clients in the 2k-dimensional basis of span[B, B*]
-(`fresh_statistics`).
+(`fresh_statistics`). On fixed data with full participation and exact heads the round can
+run as one C++ kernel instead (`native_round`, `FedRep.kernel`).
 """
 
 import dataclasses
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 from fedjax_rep.core import aggregate
 from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
+from fedjax_rep.core import native
 from fedjax_rep.core import sharding
 from fedjax_rep.core import struct
 from fedjax_rep.core import tree
@@ -30,6 +32,7 @@ from fedjax_rep.linear import features
 from fedjax_rep.linear import fresh_statistics
 from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import init as init_lib
+from fedjax_rep.linear import native_round
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
 from fedjax_rep.linear.problem import FixedData, check_data
@@ -77,6 +80,11 @@ class FedRep:
   contiguous groups of clients (`cohort.sample_grouped`), each device drawing its own
   groups (a multiple of devices; default: devices when devices > 1, else the plain
   uniform cohort). Fixing it makes 1 and D devices give the same cohorts.
+  kernel: how a round on fixed data with full participation and exact heads runs: "xla"
+  (blocks of XLA ops), "native" (the C++ kernel `native_round.fixed_round`, built on first
+  use; an error before any work where it cannot run) or "auto" (the kernel where it can run,
+  X has >= `native_round.AUTO_MIN_ELEMENTS` entries and it builds, else XLA). Both give the
+  same numbers up to float32 round-off; other rounds always run in XLA.
   """
   rep_dim: int
   cohort: int
@@ -87,11 +95,15 @@ class FedRep:
   block: int | None = None
   devices: int | None = None
   client_groups: int | None = None
+  kernel: str = "auto"
 
   def __post_init__(self):
     checks.positive_ints("FedRep", rep_dim=self.rep_dim, cohort=self.cohort)
     blocks.block_size(1, 1, self.block)  # validates block
     sharding.check_devices(self.devices)
+    if self.kernel not in native_round.KERNELS:
+      raise ValueError(f"kernel must be one of {', '.join(native_round.KERNELS)}, got "
+                       f"{self.kernel!r}")
     groups = self.groups
     if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int)
                                or groups < 1 or groups % (self.devices or 1)):
@@ -109,6 +121,37 @@ class FedRep:
     """The checks of a run, before anything compiles (`problem.check_data`)."""
     del hparams
     check_data(data, self.rep_dim, self.cohort)
+    if self.kernel == "native":
+      self._runs_native(data, self.cohort == data.num_clients)
+
+  def _native_obstacle(self, data, full_participation: bool) -> str | None:
+    """Why a round on `data` cannot run the C++ kernel (`native_round`), or None."""
+    if self.head_steps is not None:
+      return f"it computes exact heads only (head_steps=None, got {self.head_steps!r})"
+    if not isinstance(data, FixedData):
+      return f"it runs on fixed data only (got {type(data).__name__})"
+    if not full_participation:
+      return f"it runs full participation only (cohort {self.cohort} < the number of clients)"
+    return native_round.unsupported(data.X, self.rep_dim)
+
+  def _runs_native(self, data, full_participation: bool) -> bool:
+    """Whether a round on `data` runs the C++ kernel (static; `kernel`). With
+    kernel="native", a ValueError saying why it cannot."""
+    if self.kernel == "xla":
+      return False
+    obstacle = self._native_obstacle(data, full_participation)
+    if self.kernel == "auto":
+      return (obstacle is None and data.X.size >= native_round.AUTO_MIN_ELEMENTS
+              and native.available(native_round.NAME))
+    if obstacle is None:
+      try:
+        native.load(native_round.NAME)
+      except native.NativeUnavailable as error:
+        obstacle = str(error)
+    if obstacle is not None:
+      raise ValueError(f"FedRep(kernel='native') cannot run this round: {obstacle}; use "
+                       f"kernel='auto' or 'xla'")
+    return True
 
   def init(self, key, data, hparams: LinearHparams) -> RepState:
     """B0 by `init_method`; heads start at zero."""
@@ -190,6 +233,11 @@ class FedRep:
     offset = index * n
     k = coords.shape[1]
     read = isinstance(data, FixedData)  # read from memory, not generated
+    if mode == "all" and self._runs_native(data, True):
+      counts = (jnp.full((n,), data.samples, jnp.float32) if data.counts is None
+                else data.counts.astype(jnp.float32))
+      w, gradient, loss = native_round.fixed_round(data.X, data.y, counts, coords)
+      return {"gradient": gradient, "loss": loss, "weight": jnp.full_like(loss, n)}, w
 
     def one_block(clients, previous, mask, contiguous):
       V, y = data.design(key, clients, basis, offset=offset, contiguous=contiguous)

@@ -1,0 +1,224 @@
+"""The C++ FedRep round on fixed data (`linear.native_round`) against a numpy reference and
+the XLA round, under jit and vmap, in a run, on 8 devices and from the executable store."""
+
+import os
+import subprocess
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedjax_rep as fr
+from fedjax_rep.core import native
+from fedjax_rep.linear import native_round
+
+import reference
+
+HP = fr.LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.1))
+
+
+def numpy_round(X, y, counts, B):
+  """(heads [n, k], gradient [k, d], loss) of `native_round.fixed_round`, by a float64 loop."""
+  X, y, B = (np.asarray(a, np.float64) for a in (X, y, B))
+  heads, gradient, loss = [], np.zeros((B.shape[1], X.shape[2])), 0.0
+  for Xi, yi, count in zip(X, y, np.asarray(counts)):
+    Z = Xi @ B
+    w = reference.least_squares(Z, yi)
+    r = Z @ w - yi
+    heads.append(w)
+    gradient += np.outer(w, Xi.T @ r) / count
+    loss += r @ r / (2 * count)
+  return np.array(heads), gradient, loss
+
+
+def client_data(n, m, d, k, padded, seed=0):
+  """X [n, m, d], y [n, m] (rows past counts zero), counts [n], B [d, k], float32."""
+  rng = np.random.default_rng(seed)
+  X = rng.standard_normal((n, m, d)).astype(np.float32)
+  y = rng.standard_normal((n, m)).astype(np.float32)
+  counts = rng.integers(k, m + 1, n) if padded else np.full(n, m)
+  rows = np.arange(m)[None, :] < counts[:, None]
+  X, y = X * rows[..., None], y * rows
+  B = (rng.standard_normal((d, k)) / np.sqrt(d)).astype(np.float32)
+  return X, y, counts.astype(np.float32), B
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+  native.load(native_round.NAME)
+
+
+def assert_matches(got, want):
+  for name, g, w in zip(("heads", "gradient", "loss"), got, want):
+    np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4 * np.abs(w).max(), err_msg=name)
+
+
+# n: not a multiple of 8 clients, more than one chunk of 512; m: below, at and above the 12
+# rows accumulated together; k: 1, 5 and the largest, 8.
+@pytest.mark.parametrize("n, m, d, k, padded", [(37, 10, 50, 5, False), (1030, 3, 7, 1, True),
+                                                (20, 14, 9, 8, True), (9, 12, 16, 8, False)])
+def test_kernel_matches_the_numpy_reference_under_jit(n, m, d, k, padded):
+  X, y, counts, B = client_data(n, m, d, k, padded)
+  got = jax.jit(native_round.fixed_round)(X, y, counts, B)
+  assert_matches(got, numpy_round(X, y, counts, B))
+
+
+def test_kernel_under_vmap_matches_each_call():
+  X, y, counts, B = client_data(40, 10, 12, 3, True)
+  Bs = np.stack([B, 2 * B, -B])
+  batched = jax.jit(jax.vmap(native_round.fixed_round, in_axes=(None, None, None, 0)))(
+      X, y, counts, Bs)
+  for s in range(3):
+    assert_matches([out[s] for out in batched], numpy_round(X, y, counts, Bs[s]))
+
+
+def test_kernel_is_deterministic():
+  X, y, counts, B = client_data(3000, 10, 20, 5, False)
+  first = jax.jit(native_round.fixed_round)(X, y, counts, B)
+  for again in (jax.jit(native_round.fixed_round)(X, y, counts, B),
+                native_round.fixed_round(X, y, counts, B)):
+    for a, b in zip(first, again):
+      np.testing.assert_array_equal(a, b)
+
+
+def fixed_data(n=64, m=10, d=12, k=3, seed=0):
+  problem = fr.make_problem(jax.random.key(seed), n, d, k, 0.1)
+  return fr.make_fixed_data(jax.random.key(seed + 1), problem, m)
+
+
+def test_native_and_xla_runs_agree_and_compile_once(compiles):
+  data = fixed_data()
+  runs = {}
+  for kernel in ("xla", "native"):
+    algorithm = fr.FedRep(rep_dim=3, cohort=64, kernel=kernel)
+    compiles.reset()
+    runs[kernel] = fr.run(algorithm, data, HP, jax.random.key(2), 12, chunk=4, progress=False)
+    assert compiles.names.count("jit(_run_chunk)") == 1
+  xla, ours = runs["xla"], runs["native"]
+  np.testing.assert_allclose(ours.state.B, xla.state.B, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(ours.state.heads, xla.state.heads, rtol=1e-3, atol=1e-4)
+  for name in ("train_loss", "principal_angle"):
+    np.testing.assert_allclose(ours.metrics[name], xla.metrics[name], rtol=1e-4, atol=1e-6)
+
+
+def test_native_round_matches_the_reference_round():
+  data = fixed_data(n=30)
+  algorithm = fr.FedRep(rep_dim=3, cohort=30, kernel="native")
+  state = fr.init_state(algorithm, data, HP, jax.random.key(0))
+  new, metrics = jax.jit(algorithm.round)(state, jax.random.key(1), data, HP)
+  B, heads, loss = reference.fedrep_round(state.B, state.heads, data.X, data.y, range(30), 0.1)
+  np.testing.assert_allclose(new.B, B, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(new.heads, heads, rtol=1e-3, atol=1e-4)
+  np.testing.assert_allclose(metrics["train_loss"], loss, rtol=1e-5)
+
+
+def test_seed_sweep_with_the_kernel_matches_single_runs():
+  datas = [fixed_data(seed=seed) for seed in range(3)]
+  stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *datas)
+  keys = jax.vmap(jax.random.key)(jnp.arange(3))
+  algorithm = fr.FedRep(rep_dim=3, cohort=64, kernel="native")
+  swept = fr.run(algorithm, stacked, HP, keys, 5, sweep_axes=(0, None, 0), progress=False)
+  for s in range(3):
+    single = fr.run(algorithm, datas[s], HP, jax.random.key(s), 5, progress=False)
+    np.testing.assert_allclose(swept.state.B[s], single.state.B, rtol=1e-6, atol=1e-7)
+
+
+def test_auto_runs_the_kernel_only_where_it_pays():
+  small, big = fixed_data(n=8), fixed_data(n=2200, m=10, d=50, k=5)
+  assert big.X.size >= native_round.AUTO_MIN_ELEMENTS > small.X.size
+  auto = fr.FedRep(rep_dim=5, cohort=2200)
+  assert auto._runs_native(big, True)
+  assert not fr.FedRep(rep_dim=3, cohort=8)._runs_native(small, True)
+  assert not auto._runs_native(big, False)  # a partial cohort
+  assert not fr.FedRep(rep_dim=5, cohort=2200, head_steps=2)._runs_native(big, True)
+  assert not fr.FedRep(rep_dim=5, cohort=2200, kernel="xla")._runs_native(big, True)
+
+
+@pytest.mark.parametrize("options, data, message", [
+    ({"head_steps": 2}, fixed_data(), "exact heads only"),
+    ({"cohort": 10}, fixed_data(), "full participation only"),
+    ({"rep_dim": 9}, fixed_data(d=12, k=9), "rep_dim <= 8"),
+    ({"rep_dim": 3}, fixed_data(m=2), "samples per client >= rep_dim"),
+])
+def test_native_where_it_cannot_run_is_an_error_before_work(options, data, message, compiles):
+  algorithm = fr.FedRep(**{"rep_dim": 3, "cohort": 64, "kernel": "native", **options})
+  compiles.reset()
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # fewer samples than rep_dim
+    with pytest.raises(ValueError, match=message):
+      fr.run(algorithm, data, HP, jax.random.key(0), 2, progress=False)
+  assert compiles.count == 0
+
+
+def test_unknown_kernel_is_rejected():
+  with pytest.raises(ValueError, match="kernel must be one of auto, xla, native"):
+    fr.FedRep(rep_dim=2, cohort=4, kernel="c++")
+
+
+def test_without_a_compiler_auto_falls_back_and_native_says_why(tmp_path, monkeypatch):
+  monkeypatch.setenv("FEDJAX_REP_CACHE", str(tmp_path))  # no library built here
+  monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+  monkeypatch.setattr(native, "_outcome", {})
+  monkeypatch.setattr(native, "_warned", set())
+  big = fixed_data(n=2200, m=10, d=50, k=5)
+  with pytest.warns(RuntimeWarning, match="no C.. compiler found"):
+    assert not fr.FedRep(rep_dim=5, cohort=2200)._runs_native(big, True)
+  with pytest.raises(ValueError, match="no C.. compiler found.*kernel='auto' or 'xla'"):
+    fr.FedRep(rep_dim=5, cohort=2200, kernel="native").check(big, HP)
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+  monkeypatch.setenv(native.SWITCH, "0")
+  with pytest.raises(native.NativeUnavailable, match="switched off"):
+    native.load(native_round.NAME)
+
+
+def test_a_build_error_is_reported_with_the_compiler_message(tmp_path, monkeypatch):
+  monkeypatch.setenv("FEDJAX_REP_CACHE", str(tmp_path))
+  broken = tmp_path / "broken_kernel.cc"
+  broken.write_text("this is not C++\n")
+  monkeypatch.setattr(native, "source", lambda name: str(broken))
+  with pytest.raises(native.NativeUnavailable, match="cannot build the C.. kernel broken"):
+    native.build("broken_kernel")
+  assert not list(tmp_path.glob("native/*.so")) and not list(tmp_path.glob("native/*.tmp"))
+
+
+STORED = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+import fedjax_rep as fr
+from fedjax_rep.core import executables, native
+traces = []
+data = fr.make_fixed_data(jax.random.key(1), fr.make_problem(jax.random.key(0), 64, 12, 3, 0.1), 10)
+alg = fr.FedRep(rep_dim=3, cohort=64, kernel="native")
+hp = fr.LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.1))
+state = fr.init_state(alg, data, hp, jax.random.key(2))
+
+@executables.jit
+def step(state, data):
+  traces.append(1)
+  return alg.round(state, jax.random.key(3), data, hp)[0].B
+
+with executables.storing(sys.argv[1]):
+  B = step(state, data)
+print(len(traces), native._outcome.get("fedrep_fixed_round", "not loaded") is None,
+      repr(np.asarray(B).ravel().tolist()))
+"""
+
+
+def test_a_stored_program_that_calls_the_kernel_runs_in_a_new_process(tmp_path):
+  """The second process runs the stored program untraced: the store registers the kernel
+  the program calls before it loads it."""
+  def run():
+    done = subprocess.run([sys.executable, "-c", STORED, str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split(" ", 2)
+
+  first, second = run(), run()
+  assert first[:2] == ["1", "True"] and second[:2] == ["0", "True"]
+  assert second[2] == first[2]
