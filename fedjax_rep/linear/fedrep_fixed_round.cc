@@ -10,7 +10,7 @@
 // Z_i is computed per client with the k features in the lanes of a 256-bit register; the
 // heads of 8 clients at a time are solved with the clients in the lanes (an unrolled
 // Cholesky, no reduction across lanes); X_i^T r_i reads the client's rows again while they
-// are in L1. Chunks of kChunk clients run on XLA's intra-op thread pool and their sums are
+// are in L1, 64 columns at a time in registers. Chunks of kChunk clients run on XLA's intra-op thread pool and their sums are
 // added in chunk order, so the result does not depend on the number of threads.
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -112,19 +112,62 @@ inline v8 sqrt8(v8 x) {
 #endif
 }
 
+// grad[a][l0 + l] += w[a] g[l] for g = x^T s over the columns l0 .. l0 + 8T - 1 of the m rows
+// x [m, d]: g is kept in T registers.
+template <int T>
+inline void gradient_tile(const float* x, const float* s, const float* w, int64_t m, int64_t d,
+                          int64_t k, int64_t l0, float* grad) {
+  v8 g[T];
+  for (int t = 0; t < T; ++t) g[t] = v8{};
+  for (int64_t j = 0; j < m; ++j) {
+    const float* row = x + j * d + l0;
+    for (int t = 0; t < T; ++t) {
+      v8 v;
+      __builtin_memcpy(&v, row + t * kLanes, sizeof(v));
+      g[t] += s[j] * v;
+    }
+  }
+  for (int64_t a = 0; a < k; ++a) {
+    float* out = grad + a * d + l0;
+    for (int t = 0; t < T; ++t) {
+      v8 v;
+      __builtin_memcpy(&v, out + t * kLanes, sizeof(v));
+      v += w[a] * g[t];
+      __builtin_memcpy(out + t * kLanes, &v, sizeof(v));
+    }
+  }
+}
+
+// grad [k, d] += w (x^T s)^T for one client's rows x [m, d], scaled residuals s [m] and head
+// w [k].
+void client_gradient(const float* x, const float* s, const float* w, int64_t m, int64_t d,
+                     int64_t k, float* grad) {
+  int64_t l = 0;
+  for (; l + 8 * kLanes <= d; l += 8 * kLanes) gradient_tile<8>(x, s, w, m, d, k, l, grad);
+  switch ((d - l) / kLanes) {
+    case 7: gradient_tile<7>(x, s, w, m, d, k, l, grad); break;
+    case 6: gradient_tile<6>(x, s, w, m, d, k, l, grad); break;
+    case 5: gradient_tile<5>(x, s, w, m, d, k, l, grad); break;
+    case 4: gradient_tile<4>(x, s, w, m, d, k, l, grad); break;
+    case 3: gradient_tile<3>(x, s, w, m, d, k, l, grad); break;
+    case 2: gradient_tile<2>(x, s, w, m, d, k, l, grad); break;
+    case 1: gradient_tile<1>(x, s, w, m, d, k, l, grad); break;
+    default: break;
+  }
+  for (l += (d - l) / kLanes * kLanes; l < d; ++l) {
+    float g = 0.0f;
+    for (int64_t j = 0; j < m; ++j) g += s[j] * x[j * d + l];
+    for (int64_t a = 0; a < k; ++a) grad[a * d + l] += w[a] * g;
+  }
+}
+
 // Clients first..first+count-1 (count <= kLanes) of the job, lanes over clients.
 void run_group(Job& job, int64_t first, int64_t count, float* grad, float* loss,
-               v8* z, v8* zt, v8* s, float* g) {
+               v8* z, v8* zt, v8* s, float* sc) {
   const int64_t m = job.m, d = job.d, k = job.k;
   // z [kLanes clients][m] rows of features.
   for (int64_t c = 0; c < kLanes; ++c) {
-    if (c < count) {
-      // The data of the client kLanes places on, fetched while this one computes.
-      const float* ahead = job.X + (first + c + kLanes) * m * d;
-      if (first + c + kLanes < job.n)
-        for (int64_t e = 0; e < m * d; e += 16) __builtin_prefetch(ahead + e);
-      features(job.X + (first + c) * m * d, job.B.data(), m, d, z + c * m);
-    }
+    if (c < count) features(job.X + (first + c) * m * d, job.B.data(), m, d, z + c * m);
     else for (int64_t j = 0; j < m; ++j) z[c * m + j] = v8{};
   }
   // zt [m][kLanes features]: lanes over clients; Gram entries and Z^T y.
@@ -186,19 +229,13 @@ void run_group(Job& job, int64_t first, int64_t count, float* grad, float* loss,
   for (int64_t a = 0; a < kLanes; ++a) wt[a] = a < k ? w[a] : v8{};
   transpose8(wt);
   for (int64_t c = 0; c < count; ++c) {
-    const float* x = job.X + (first + c) * m * d;
-    std::fill(g, g + d, 0.0f);
-    for (int64_t j = 0; j < m; ++j) {
-      const float sj = s[j][c];
-      const float* row = x + j * d;
-      for (int64_t l = 0; l < d; ++l) g[l] += sj * row[l];
-    }
+    float wc[kLanes];
+    for (int64_t j = 0; j < m; ++j) sc[j] = s[j][c];
     for (int64_t a = 0; a < k; ++a) {
-      const float wa = wt[c][a];
-      float* out = grad + a * d;
-      for (int64_t l = 0; l < d; ++l) out[l] += wa * g[l];
-      job.heads[(first + c) * k + a] = wa;
+      wc[a] = wt[c][a];
+      job.heads[(first + c) * k + a] = wc[a];
     }
+    client_gradient(job.X + (first + c) * m * d, sc, wc, m, d, k, grad);
   }
 }
 
@@ -207,11 +244,11 @@ void run_chunk(Job& job, int64_t chunk) {
   float* grad = job.partial.data() + chunk * (k * d + 1);
   float loss = 0.0f;
   std::vector<v8> z(kLanes * m), zt(m * kLanes), s(m);
-  std::vector<float> g(d);
+  std::vector<float> sc(m);
   const int64_t end = std::min(job.n, (chunk + 1) * kChunk);
   for (int64_t i = chunk * kChunk; i < end; i += kLanes)
     run_group(job, i, std::min<int64_t>(kLanes, end - i), grad, &loss, z.data(), zt.data(),
-              s.data(), g.data());
+              s.data(), sc.data());
   grad[k * d] = loss;
 }
 
