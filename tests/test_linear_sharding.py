@@ -22,12 +22,9 @@ DEVICES, GROUPS, BLOCK = 8, 8, 3
 HP = fr.LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.05))
 CASES = [(mode, cohort, head_steps) for mode in ("fixed", "fresh", "fresh-statistics")
          for cohort, head_steps in ((N, None), (16, 1))]
-QUICK_CASES = [("fixed", N, None), ("fresh-statistics", 16, 1)]
-try:  # the C++ round (FedRep(kernel="native")) where there is a compiler to build it
-  native.compiler()
-  QUICK_CASES.append(("fixed", N, None, "native"))
-except native.NativeUnavailable:
-  pass
+# With the C++ round (FedRep(kernel="native")) where there is a compiler to build it.
+QUICK_CASES = [("fixed", N, None), ("fresh-statistics", 16, 1)] + (
+    [("fixed", N, None, "native")] if native.has_compiler() else [])
 
 
 def data_of(mode):

@@ -52,7 +52,7 @@ def source(name: str) -> str:
 
 def compiler() -> str:
   """The C++ compiler: $CXX, else `c++` or `g++` on the PATH."""
-  candidates = [os.environ[COMPILER]] if os.environ.get(COMPILER) else ["c++", "g++"]
+  candidates = _candidates()
   for candidate in candidates:
     if shutil.which(candidate):
       return candidate
@@ -65,12 +65,19 @@ def _cpu_flags() -> str:
   """The CPU's instruction-set flags (Linux), else the processor's name."""
   try:
     with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith(("flags", "Features")):
-          return line
+      return next((line for line in f if line.startswith(("flags", "Features"))),
+                  platform.processor())
   except OSError:
-    pass
-  return platform.processor()
+    return platform.processor()
+
+
+def _candidates() -> list[str]:
+  return [os.environ[COMPILER]] if os.environ.get(COMPILER) else ["c++", "g++"]
+
+
+def has_compiler() -> bool:
+  """True if `compiler()` finds a C++ compiler."""
+  return any(shutil.which(candidate) for candidate in _candidates())
 
 
 def library_path(name: str) -> str:
