@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 import jax
@@ -7,6 +9,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 # The CLI switches JAX's persistent compilation cache on: keep it out of the user's cache.
 os.environ["FEDJAX_REP_CACHE"] = tempfile.mkdtemp(prefix="fedjax-rep-test-cache-")
+atexit.register(shutil.rmtree, os.environ["FEDJAX_REP_CACHE"], ignore_errors=True)
 
 _compiles = []
 jax.monitoring.register_event_duration_secs_listener(

@@ -35,6 +35,8 @@ typedef float v8 __attribute__((vector_size(32)));
 constexpr int kLanes = 8;        // k <= kLanes; clients per group
 constexpr int kRows = 12;        // sample rows whose features are accumulated together
 constexpr int64_t kChunk = 512;  // clients per unit of work (a multiple of kLanes)
+constexpr int64_t kAhead = 4;    // clients whose data are prefetched ahead of the one in work
+constexpr int kLocality = 3;     // __builtin_prefetch's: keep in all cache levels
 
 struct Job {
   const float* X;
@@ -47,11 +49,28 @@ struct Job {
   std::atomic<int64_t> next{0}, done{0};
 };
 
+// The prefetch of the clients' data ahead of the computation, one cache line a step. The
+// steps are spread over the loops (one a column of the features, one a row of the gradient):
+// a burst of prefetches at once stalls the core, and spread out they keep the memory busy
+// while the core computes.
+struct Stream {
+  const char* next;   // the next line to prefetch
+  const char* limit;  // the end of the data of the client kAhead clients on
+  inline void step() {
+    if (next < limit) {
+      __builtin_prefetch(next, 0, kLocality);
+      next += 64;
+    }
+  }
+};
+
+// z[r] = x[r] B (lanes: the k features) for the R rows x [R, d].
 template <int R>
-inline void feature_rows(const float* x, const v8* B, int64_t d, v8* z) {
+inline void feature_rows(const float* x, const v8* B, int64_t d, v8* z, Stream& stream) {
   v8 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = v8{};
   for (int64_t l = 0; l < d; ++l) {
+    stream.step();
     const v8 b = B[l];
     for (int r = 0; r < R; ++r) acc[r] += x[r * d + l] * b;
   }
@@ -59,21 +78,21 @@ inline void feature_rows(const float* x, const v8* B, int64_t d, v8* z) {
 }
 
 // z[j] = x[j] B (lanes: the k features) for the m rows x [m, d].
-void features(const float* x, const v8* B, int64_t m, int64_t d, v8* z) {
+void features(const float* x, const v8* B, int64_t m, int64_t d, v8* z, Stream& stream) {
   int64_t j = 0;
-  for (; j + kRows <= m; j += kRows) feature_rows<kRows>(x + j * d, B, d, z + j);
+  for (; j + kRows <= m; j += kRows) feature_rows<kRows>(x + j * d, B, d, z + j, stream);
   switch (m - j) {
-    case 11: feature_rows<11>(x + j * d, B, d, z + j); break;
-    case 10: feature_rows<10>(x + j * d, B, d, z + j); break;
-    case 9: feature_rows<9>(x + j * d, B, d, z + j); break;
-    case 8: feature_rows<8>(x + j * d, B, d, z + j); break;
-    case 7: feature_rows<7>(x + j * d, B, d, z + j); break;
-    case 6: feature_rows<6>(x + j * d, B, d, z + j); break;
-    case 5: feature_rows<5>(x + j * d, B, d, z + j); break;
-    case 4: feature_rows<4>(x + j * d, B, d, z + j); break;
-    case 3: feature_rows<3>(x + j * d, B, d, z + j); break;
-    case 2: feature_rows<2>(x + j * d, B, d, z + j); break;
-    case 1: feature_rows<1>(x + j * d, B, d, z + j); break;
+    case 11: feature_rows<11>(x + j * d, B, d, z + j, stream); break;
+    case 10: feature_rows<10>(x + j * d, B, d, z + j, stream); break;
+    case 9: feature_rows<9>(x + j * d, B, d, z + j, stream); break;
+    case 8: feature_rows<8>(x + j * d, B, d, z + j, stream); break;
+    case 7: feature_rows<7>(x + j * d, B, d, z + j, stream); break;
+    case 6: feature_rows<6>(x + j * d, B, d, z + j, stream); break;
+    case 5: feature_rows<5>(x + j * d, B, d, z + j, stream); break;
+    case 4: feature_rows<4>(x + j * d, B, d, z + j, stream); break;
+    case 3: feature_rows<3>(x + j * d, B, d, z + j, stream); break;
+    case 2: feature_rows<2>(x + j * d, B, d, z + j, stream); break;
+    case 1: feature_rows<1>(x + j * d, B, d, z + j, stream); break;
     default: break;
   }
 }
@@ -116,10 +135,11 @@ inline v8 sqrt8(v8 x) {
 // x [m, d]: g is kept in T registers.
 template <int T>
 inline void gradient_tile(const float* x, const float* s, const float* w, int64_t m, int64_t d,
-                          int64_t k, int64_t l0, float* grad) {
+                          int64_t k, int64_t l0, float* grad, Stream& stream) {
   v8 g[T];
   for (int t = 0; t < T; ++t) g[t] = v8{};
   for (int64_t j = 0; j < m; ++j) {
+    stream.step();
     const float* row = x + j * d + l0;
     for (int t = 0; t < T; ++t) {
       v8 v;
@@ -141,17 +161,17 @@ inline void gradient_tile(const float* x, const float* s, const float* w, int64_
 // grad [k, d] += w (x^T s)^T for one client's rows x [m, d], scaled residuals s [m] and head
 // w [k].
 void client_gradient(const float* x, const float* s, const float* w, int64_t m, int64_t d,
-                     int64_t k, float* grad) {
+                     int64_t k, float* grad, Stream& stream) {
   int64_t l = 0;
-  for (; l + 8 * kLanes <= d; l += 8 * kLanes) gradient_tile<8>(x, s, w, m, d, k, l, grad);
+  for (; l + 8 * kLanes <= d; l += 8 * kLanes) gradient_tile<8>(x, s, w, m, d, k, l, grad, stream);
   switch ((d - l) / kLanes) {
-    case 7: gradient_tile<7>(x, s, w, m, d, k, l, grad); break;
-    case 6: gradient_tile<6>(x, s, w, m, d, k, l, grad); break;
-    case 5: gradient_tile<5>(x, s, w, m, d, k, l, grad); break;
-    case 4: gradient_tile<4>(x, s, w, m, d, k, l, grad); break;
-    case 3: gradient_tile<3>(x, s, w, m, d, k, l, grad); break;
-    case 2: gradient_tile<2>(x, s, w, m, d, k, l, grad); break;
-    case 1: gradient_tile<1>(x, s, w, m, d, k, l, grad); break;
+    case 7: gradient_tile<7>(x, s, w, m, d, k, l, grad, stream); break;
+    case 6: gradient_tile<6>(x, s, w, m, d, k, l, grad, stream); break;
+    case 5: gradient_tile<5>(x, s, w, m, d, k, l, grad, stream); break;
+    case 4: gradient_tile<4>(x, s, w, m, d, k, l, grad, stream); break;
+    case 3: gradient_tile<3>(x, s, w, m, d, k, l, grad, stream); break;
+    case 2: gradient_tile<2>(x, s, w, m, d, k, l, grad, stream); break;
+    case 1: gradient_tile<1>(x, s, w, m, d, k, l, grad, stream); break;
     default: break;
   }
   for (l += (d - l) / kLanes * kLanes; l < d; ++l) {
@@ -163,11 +183,18 @@ void client_gradient(const float* x, const float* s, const float* w, int64_t m, 
 
 // Clients first..first+count-1 (count <= kLanes) of the job, lanes over clients.
 void run_group(Job& job, int64_t first, int64_t count, float* grad, float* loss,
-               v8* z, v8* zt, v8* s, float* sc) {
+               v8* z, v8* zt, v8* s, float* sc, Stream& stream) {
   const int64_t m = job.m, d = job.d, k = job.k;
   // z [kLanes clients][m] rows of features.
   for (int64_t c = 0; c < kLanes; ++c) {
-    if (c < count) features(job.X + (first + c) * m * d, job.B.data(), m, d, z + c * m);
+    if (c < count) {
+      const int64_t ahead = std::min(first + c + kAhead, job.n - 1);
+      stream.limit = reinterpret_cast<const char*>(job.X + (ahead + 1) * m * d);
+      __builtin_prefetch(job.y + ahead * m, 0, kLocality);
+      __builtin_prefetch(job.heads + ahead * k, 1, kLocality);
+      __builtin_prefetch(job.counts + ahead, 0, kLocality);
+      features(job.X + (first + c) * m * d, job.B.data(), m, d, z + c * m, stream);
+    }
     else for (int64_t j = 0; j < m; ++j) z[c * m + j] = v8{};
   }
   // zt [m][kLanes features]: lanes over clients; Gram entries and Z^T y.
@@ -235,7 +262,7 @@ void run_group(Job& job, int64_t first, int64_t count, float* grad, float* loss,
       wc[a] = wt[c][a];
       job.heads[(first + c) * k + a] = wc[a];
     }
-    client_gradient(job.X + (first + c) * m * d, sc, wc, m, d, k, grad);
+    client_gradient(job.X + (first + c) * m * d, sc, wc, m, d, k, grad, stream);
   }
 }
 
@@ -245,10 +272,11 @@ void run_chunk(Job& job, int64_t chunk) {
   float loss = 0.0f;
   std::vector<v8> z(kLanes * m), zt(m * kLanes), s(m);
   std::vector<float> sc(m);
+  Stream stream{reinterpret_cast<const char*>(job.X + chunk * kChunk * m * d), nullptr};
   const int64_t end = std::min(job.n, (chunk + 1) * kChunk);
   for (int64_t i = chunk * kChunk; i < end; i += kLanes)
     run_group(job, i, std::min<int64_t>(kLanes, end - i), grad, &loss, z.data(), zt.data(),
-              s.data(), sc.data());
+              s.data(), sc.data(), stream);
   grad[k * d] = loss;
 }
 
