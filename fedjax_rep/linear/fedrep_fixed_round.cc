@@ -10,8 +10,10 @@
 // Z_i is computed per client with the k features in the lanes of a 256-bit register; the
 // heads of 8 clients at a time are solved with the clients in the lanes (an unrolled
 // Cholesky, no reduction across lanes); X_i^T r_i reads the client's rows again while they
-// are in L1, 64 columns at a time in registers. Chunks of kChunk clients run on XLA's intra-op thread pool and their sums are
-// added in chunk order, so the result does not depend on the number of threads.
+// are in L1, 64 columns at a time in registers. Meanwhile a prefetch stream, one cache line a
+// step of those loops, brings in the data of the clients kAhead on. Chunks of kChunk clients
+// run on XLA's intra-op thread pool and their sums are added in chunk order, so the result
+// does not depend on the number of threads.
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif

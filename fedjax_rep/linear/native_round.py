@@ -3,10 +3,10 @@ custom call): every client's exact head and the summed gradient in B, each clien
 from memory once.
 
 XLA:CPU runs the same round as a scan over cache-sized blocks of several fusions and dots
-(`FedRep._clients`); at n = 100,000 (d = 50, k = 5, m = 10) that reaches 15-22% of the
-memory roofline, the kernel 34-47%, 1.7-2.5x faster (benchmarks/README.md). It computes
-the same numbers up to float32 round-off (other summation orders) and is deterministic: its
-sums are added in a fixed order whatever the number of threads.
+(`FedRep._clients`); at n = 100,000 (d = 50, k = 5, m = 10) that reaches 12-20% of the
+memory roofline, the kernel 40-70% (median 51%), 2.2-3.6x faster (benchmarks/README.md).
+It computes the same numbers up to float32 round-off (other summation orders) and is
+deterministic: its sums are added in a fixed order whatever the number of threads.
 """
 
 import jax
