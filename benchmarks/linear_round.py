@@ -10,8 +10,9 @@ round), the same distribution of the round's outputs.
 
 Three implementations of that round, timed in the same process after warm-up/compilation:
   jax      fedjax_rep's `fr.run` (rounds under lax.scan in jit; it also records the train loss
-           and the principal angle every round); with fixed data once per `--kernels` entry:
-           "xla" (blocks of XLA ops) and "native" (the C++ kernel `linear.native_round`);
+           and the principal angle every round); with fixed data and fresh-statistics once per
+           `--kernels` entry: "xla" (blocks of XLA ops) and "native" (the C++ kernels
+           `linear.native_round`);
   loop     a plain numpy loop over clients (timed on a subset of clients when n is large and
            extrapolated linearly in n);
   batched  numpy on [n, m, d] arrays at once (BLAS matmuls, batched np.linalg.solve).
@@ -21,7 +22,9 @@ draw the normals that mode needs at the measured rate of the fastest of jax.rand
 fedjax_rep's bit-identical unrolled generator (`linear.normals.normal`) and, for
 fresh-statistics, the two-per-hash generator its sampler uses (`normals.normal_pairs`):
 n m (d + 1) (fresh), n m (2k + 1) + d k (fresh-statistics), or the compute bound if
-larger. The numpy baselines of both fresh modes draw X_i [m, d] directly.
+larger (the C++ fresh round draws the same normals faster than these generators, so it can
+pass that "roofline"). The numpy baselines of both fresh modes draw X_i [m, d] directly.
+A last table gives, per n and kernel, the fresh-statistics round's time over the fixed one's.
 
   python benchmarks/linear_round.py            # n in 1000, 10000, 100000
   python benchmarks/linear_round.py --quick    # n in 1000, 10000, fewer repetitions
@@ -29,7 +32,7 @@ larger. The numpy baselines of both fresh modes draw X_i [m, d] directly.
   python benchmarks/linear_round.py --sizes 100000 --json rows.json   # rows: n, mode, kernel,
                                                                       # ms_per_round,
                                                                       # fraction_of_roofline, ...
-  python benchmarks/linear_round.py --sizes 100000 --modes fixed --kernels native
+  python benchmarks/linear_round.py --sizes 100000 --modes fixed fresh-statistics --kernels native
 """
 
 import argparse
@@ -229,8 +232,8 @@ class Run(NamedTuple):
 
 def setup(num_clients, mode, block=None, kernel="xla"):
   """The JAX run of `num_clients` clients with "fixed", "fresh" or "fresh-statistics" data,
-  in blocks of `block` clients (None: automatic), fixed data with `kernel` ("xla" or
-  "native")."""
+  in blocks of `block` clients (None: automatic), with `kernel` ("xla" or "native"; fresh
+  runs "xla")."""
   problem = fr.make_problem(jax.random.key(0), num_clients, DIM, REP_DIM, NOISE_STD)
   if mode == "fixed":
     data = fr.make_fixed_data(jax.random.key(1), problem, SAMPLES)
@@ -316,6 +319,20 @@ def format_table(rows):
   return "\n".join(lines)
 
 
+def format_ratios(rows):
+  """Per n and kernel, the fresh-statistics round's time over the fixed round's (and over the
+  XLA fixed round's), where both were timed."""
+  fixed = {(r["n"], r["kernel"]): r["jax"] for r in rows if r["mode"] == "fixed"}
+  lines = [f"{'n':>7} {'kernel':>6} {'fresh-statistics / fixed':>25} {'/ fixed xla':>12}"]
+  for r in rows:
+    if r["mode"] == "fresh-statistics" and (r["n"], r["kernel"]) in fixed:
+      xla = fixed.get((r["n"], "xla"))
+      over_xla = "" if xla is None else f"{r['jax'] / xla:.2f}"
+      lines.append(f"{r['n']:>7} {r['kernel']:>6} {r['jax'] / fixed[r['n'], r['kernel']]:>25.2f} "
+                   f"{over_xla:>12}")
+  return "\n".join(lines) if len(lines) > 1 else ""
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true",
@@ -325,8 +342,8 @@ def main():
                       help="data modes to time (default all)")
   parser.add_argument("--block", type=int, help="clients per block (default: automatic)")
   parser.add_argument("--kernels", default="xla,native",
-                      help="comma-separated kernels of the fixed-data round: xla, native "
-                           "(default both)")
+                      help="comma-separated kernels of the fixed and fresh-statistics "
+                           "rounds: xla, native (default both)")
   parser.add_argument("--json", metavar="PATH",
                       help="also write the rows as JSON (n, mode, ms_per_round, "
                            "fraction_of_roofline, roofline_ms, bound, load_average, ...)")
@@ -346,7 +363,7 @@ def main():
   rows = []
   for n in sizes:
     for mode in args.modes:
-      for kernel in kernels if mode == "fixed" else ["xla"]:
+      for kernel in kernels if mode != "fresh" else ["xla"]:
         run = setup(n, mode, args.block, kernel)
         if mode == "fixed" and n == min(sizes):
           error_B, error_update = check_against_numpy(run)
@@ -362,6 +379,7 @@ def main():
   print(format_table(rows))
   if any(r["extrapolated"] for r in rows):
     print(f"* loop timed on the first {max_loop_clients} clients, extrapolated linearly in n")
+  print(format_ratios(rows))
   loads = ", ".join(f"{r['load_average']:.2f}" for r in rows)
   print(f"load average (1 min) after each row: {loads}")
   if args.json:

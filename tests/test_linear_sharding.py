@@ -22,9 +22,10 @@ DEVICES, GROUPS, BLOCK = 8, 8, 3
 HP = fr.LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.05))
 CASES = [(mode, cohort, head_steps) for mode in ("fixed", "fresh", "fresh-statistics")
          for cohort, head_steps in ((N, None), (16, 1))]
-# With the C++ round (FedRep(kernel="native")) where there is a compiler to build it.
+# With the C++ rounds (FedRep(kernel="native")) where there is a compiler to build them.
 QUICK_CASES = [("fixed", N, None), ("fresh-statistics", 16, 1)] + (
-    [("fixed", N, None, "native")] if native.has_compiler() else [])
+    [("fixed", N, None, "native"), ("fresh-statistics", N, None, "native")]
+    if native.has_compiler() else [])
 
 
 def data_of(mode):

@@ -1,5 +1,6 @@
-"""The C++ FedRep round on fixed data (`linear.native_round`) against a numpy reference and
-the XLA round, under jit and vmap, in a run, on 8 devices and from the executable store."""
+"""The C++ FedRep rounds (`linear.native_round`) on fixed data and on fresh data of the
+statistics sampler against numpy references and the XLA round, under jit and vmap, in a run,
+on 8 devices (test_linear_sharding) and from the executable store."""
 
 import os
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 import fedjax_rep as fr
 from fedjax_rep.core import native
+from fedjax_rep.linear import fresh_statistics
 from fedjax_rep.linear import native_round
 
 import reference
@@ -46,17 +48,44 @@ def client_data(n, m, d, k, padded, seed=0):
   return X, y, counts.astype(np.float32), B
 
 
+def numpy_fresh_round(key, offset, heads_star, coords_star, coords, noise_std, m):
+  """(heads, gradient, loss, outside) of `native_round.fresh_round`: `numpy_round` on the
+  samples `fresh_statistics.sample` draws, and outside = sum_i ||r_i / m||^2 w_i w_i^T, by a
+  float64 loop."""
+  n = heads_star.shape[0]
+  A, y = fresh_statistics.sample(key, coords_star, heads_star, noise_std, m,
+                                 offset + jnp.arange(n))
+  heads, gradient, loss = numpy_round(A, y, np.full(n, m), coords)
+  A, y = np.asarray(A, np.float64), np.asarray(y, np.float64)
+  outside = np.zeros((heads.shape[1],) * 2)
+  for Ai, yi, w in zip(A, y, heads):
+    r = Ai @ np.asarray(coords, np.float64) @ w - yi
+    outside += (r @ r) / m ** 2 * np.outer(w, w)
+  return heads, gradient, loss, outside
+
+
+def fresh_inputs(n, d, k, seed=0):
+  """heads_star [n, k], coords_star and coords [2k, k] in the basis of random B, B* [d, k]."""
+  rng = np.random.default_rng(seed)
+  B, B_star = (jnp.asarray(rng.standard_normal((d, k)) / np.sqrt(d), jnp.float32)
+               for _ in range(2))
+  Q = fresh_statistics.basis(B, B_star)
+  heads_star = jnp.asarray(rng.standard_normal((n, k)), jnp.float32)
+  return heads_star, Q.T @ B_star, Q.T @ B
+
+
 @pytest.fixture(scope="module")
 def kernel():
-  """Builds and loads the kernel; skips the module only where there is no C++ compiler (a
+  """Builds and loads the kernels; skips the module only where there is no C++ compiler (a
   compiler whose build fails is an error)."""
   if not native.has_compiler():
     pytest.skip("no C++ compiler to build the kernel")
-  native.load(native_round.NAME)
+  native_round.load(native_round.FIXED)
+  native_round.load(native_round.FRESH)
 
 
 def assert_matches(got, want):
-  for name, g, w in zip(("heads", "gradient", "loss"), got, want):
+  for name, g, w in zip(("heads", "gradient", "loss", "outside"), got, want):
     np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4 * np.abs(w).max(), err_msg=name)
 
 
@@ -88,13 +117,50 @@ def test_kernel_is_deterministic(kernel):
       np.testing.assert_array_equal(a, b)
 
 
+# n: not a multiple of 8, more than one chunk; m (p + 1) a multiple of 16 and not; k: 1 and 8;
+# offset: the first client's id (a device's clients).
+@pytest.mark.parametrize("n, m, d, k, offset", [(37, 10, 50, 5, 0), (1030, 3, 7, 1, 5),
+                                                (20, 14, 20, 8, 100), (9, 5, 12, 3, 0)])
+def test_fresh_kernel_matches_the_numpy_reference_on_the_samplers_draws(n, m, d, k, offset,
+                                                                         kernel):
+  heads_star, coords_star, coords = fresh_inputs(n, d, k)
+  key = jax.random.key(7)
+  got = jax.jit(native_round.fresh_round, static_argnums=6)(
+      key, offset, heads_star, coords_star, coords, 0.3, m)
+  assert_matches(got, numpy_fresh_round(key, offset, heads_star, coords_star, coords, 0.3, m))
+
+
+def test_fresh_kernel_under_vmap_over_keys_matches_each_call(kernel):
+  heads_star, coords_star, coords = fresh_inputs(40, 12, 3)
+  keys = jax.vmap(jax.random.key)(jnp.arange(3))
+  batched = jax.jit(jax.vmap(native_round.fresh_round, in_axes=(0, None, None, None, None,
+                                                                None, None)),
+                    static_argnums=6)(keys, 0, heads_star, coords_star, coords, 0.1, 10)
+  for s in range(3):
+    assert_matches([out[s] for out in batched],
+                   numpy_fresh_round(keys[s], 0, heads_star, coords_star, coords, 0.1, 10))
+
+
+def test_fresh_kernel_is_deterministic(kernel):
+  heads_star, coords_star, coords = fresh_inputs(3000, 20, 5)
+  call = lambda: native_round.fresh_round(jax.random.key(1), 3, heads_star, coords_star,
+                                          coords, 0.1, 10)
+  first = call()
+  for a, b in zip(first, call()):
+    np.testing.assert_array_equal(a, b)
+
+
 def fixed_data(n=64, m=10, d=12, k=3, seed=0):
   problem = fr.make_problem(jax.random.key(seed), n, d, k, 0.1)
   return fr.make_fixed_data(jax.random.key(seed + 1), problem, m)
 
 
-def test_native_and_xla_runs_agree_and_compile_once(compiles, kernel):
-  data = fixed_data()
+def fresh_data(n=64, m=10, d=12, k=3, sampler="statistics"):
+  return fr.FreshData(fr.make_problem(jax.random.key(0), n, d, k, 0.1), m, sampler=sampler)
+
+
+@pytest.mark.parametrize("data", [fixed_data(), fresh_data()], ids=["fixed", "fresh"])
+def test_native_and_xla_runs_agree_and_compile_once(data, compiles, kernel):
   runs = {}
   for kernel in ("xla", "native"):
     algorithm = fr.FedRep(rep_dim=3, cohort=64, kernel=kernel)
@@ -135,6 +201,12 @@ def test_auto_runs_the_kernel_only_where_it_pays(kernel):
   assert big.X.size >= native_round.AUTO_MIN_ELEMENTS > small.X.size
   auto = fr.FedRep(rep_dim=5, cohort=2200)
   assert auto._runs_native(big, True)
+  fresh = fresh_data(n=10500, m=10, d=50, k=5)  # 10 (2k) entries a sample
+  assert auto._runs_native(fresh, True)
+  assert not auto._runs_native(fresh, True, jax.random.key(0, impl="rbg"))
+  assert not auto._runs_native(fresh_data(n=10500, m=10, d=50, k=5, sampler="direct"), True)
+  assert not fr.FedRep(rep_dim=5, cohort=10000)._runs_native(
+      fresh_data(n=10000, m=10, d=50, k=5), True)
   assert not fr.FedRep(rep_dim=3, cohort=8)._runs_native(small, True)
   assert not auto._runs_native(big, False)  # a partial cohort
   assert not fr.FedRep(rep_dim=5, cohort=2200, head_steps=2)._runs_native(big, True)
@@ -146,6 +218,7 @@ def test_auto_runs_the_kernel_only_where_it_pays(kernel):
     ({"cohort": 10}, fixed_data(), "full participation only"),
     ({"rep_dim": 9}, fixed_data(d=12, k=9), "rep_dim <= 8"),
     ({"rep_dim": 3}, fixed_data(m=2), "samples per client >= rep_dim"),
+    ({}, fresh_data(sampler="direct"), "FreshData.sampler='statistics'. only .got FreshData"),
 ])
 def test_native_where_it_cannot_run_is_an_error_before_work(options, data, message, compiles):
   algorithm = fr.FedRep(**{"rep_dim": 3, "cohort": 64, "kernel": "native", **options})
@@ -177,7 +250,7 @@ def test_without_a_compiler_auto_falls_back_and_native_says_why(tmp_path, monkey
 def test_switched_off_by_the_environment(monkeypatch):
   monkeypatch.setenv(native.SWITCH, "0")
   with pytest.raises(native.NativeUnavailable, match="switched off"):
-    native.load(native_round.NAME)
+    native_round.load(native_round.FIXED)
 
 
 def test_a_build_error_is_reported_with_the_compiler_message(tmp_path, monkeypatch, kernel):

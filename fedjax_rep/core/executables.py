@@ -243,8 +243,8 @@ def _load(path: str, key: str):
       payload, in_tree, out_tree, calls_lapack, kernels = pickle.load(f)
     if calls_lapack:
       _initialize_lapack()
-    for kernel in kernels:  # its custom-call targets, registered before it runs
-      native.load(kernel)
+    for name, library in kernels:  # its custom-call targets, registered before it runs
+      native.load(name, library)
     compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
     os.utime(file)  # recently used: kept when the store is pruned
     return compiled

@@ -35,7 +35,7 @@ from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear import native_round
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
-from fedjax_rep.linear.problem import FixedData, check_data
+from fedjax_rep.linear.problem import FixedData, FreshData, check_data
 
 TRACED_HEAD_STEPS = "traced"  # FedRep.head_steps: read the number from hparams.head_steps
 
@@ -80,11 +80,12 @@ class FedRep:
   contiguous groups of clients (`cohort.sample_grouped`), each device drawing its own
   groups (a multiple of devices; default: devices when devices > 1, else the plain
   uniform cohort). Fixing it makes 1 and D devices give the same cohorts.
-  kernel: how a round on fixed data with full participation and exact heads runs: "xla"
-  (blocks of XLA ops), "native" (the C++ kernel `native_round.fixed_round`, built on first
-  use; an error before any work where it cannot run) or "auto" (the kernel where it can run,
-  X has >= `native_round.AUTO_MIN_ELEMENTS` entries and it builds, else XLA). Both give the
-  same numbers up to float32 round-off; other rounds always run in XLA.
+  kernel: how a round with full participation and exact heads on fixed data or on fresh
+  data of the statistics sampler runs: "xla" (blocks of XLA ops), "native" (the C++ kernels
+  `native_round.fixed_round` / `fresh_round`, built on first use; an error before any work
+  where they cannot run) or "auto" (the kernel where it can run, the round's samples have >=
+  `native_round.AUTO_MIN_ELEMENTS` entries and it builds, else XLA). Both give the same
+  numbers up to float32 round-off; other rounds always run in XLA.
   """
   rep_dim: int
   cohort: int
@@ -124,28 +125,46 @@ class FedRep:
     if self.kernel == "native":
       self._runs_native(data, self.cohort == data.num_clients)
 
-  def _native_obstacle(self, data, full_participation: bool) -> str | None:
-    """Why a round on `data` cannot run the C++ kernel (`native_round`), or None."""
+  @staticmethod
+  def _native_kernel(data) -> str | None:
+    """The C++ kernel (`native_round`) of a round on `data`, or None."""
+    if isinstance(data, FixedData):
+      return native_round.FIXED
+    if isinstance(data, FreshData) and data.sampler == "statistics":
+      return native_round.FRESH
+    return None
+
+  def _native_obstacle(self, data, full_participation: bool, key) -> str | None:
+    """Why a round on `data` drawn with `key` cannot run a C++ kernel, or None."""
     if self.head_steps is not None:
       return f"it computes exact heads only (head_steps=None, got {self.head_steps!r})"
-    if not isinstance(data, FixedData):
-      return f"it runs on fixed data only (got {type(data).__name__})"
+    if self._native_kernel(data) is None:
+      sampler = f"(sampler={data.sampler!r})" if isinstance(data, FreshData) else ""
+      return (f"it runs on FixedData or FreshData(sampler='statistics') only (got "
+              f"{type(data).__name__}{sampler})")
     if not full_participation:
       return f"it runs full participation only (cohort {self.cohort} < the number of clients)"
-    return native_round.unsupported(data.X, self.rep_dim)
+    if isinstance(data, FixedData):
+      return native_round.unsupported(data.X.dtype, data.samples, self.rep_dim)
+    return (native_round.unsupported(data.problem.W_star.dtype, data.samples, self.rep_dim)
+            or native_round.unsupported_key(key))
 
-  def _runs_native(self, data, full_participation: bool) -> bool:
-    """Whether a round on `data` runs the C++ kernel (static; `kernel`). With
-    kernel="native", a ValueError saying why it cannot."""
+  def _runs_native(self, data, full_participation: bool, key=None) -> bool:
+    """Whether a round on `data` (drawn with `key`; None: a key of the default
+    implementation) runs a C++ kernel (static; `kernel`). With kernel="native", a ValueError
+    saying why it cannot."""
     if self.kernel == "xla":
       return False
-    obstacle = self._native_obstacle(data, full_participation)
+    key = jax.random.key(0) if key is None else key
+    obstacle = self._native_obstacle(data, full_participation, key)
     if self.kernel == "auto":
-      return (obstacle is None and data.X.size >= native_round.AUTO_MIN_ELEMENTS
-              and native.available(native_round.NAME))
+      elements = data.num_clients * data.samples * (
+          data.X.shape[2] if isinstance(data, FixedData) else 2 * self.rep_dim)
+      return (obstacle is None and elements >= native_round.AUTO_MIN_ELEMENTS
+              and native_round.available(self._native_kernel(data)))
     if obstacle is None:
       try:
-        native.load(native_round.NAME)
+        native_round.load(self._native_kernel(data))
       except native.NativeUnavailable as error:
         obstacle = str(error)
     if obstacle is not None:
@@ -233,11 +252,18 @@ class FedRep:
     offset = index * n
     k = coords.shape[1]
     read = isinstance(data, FixedData)  # read from memory, not generated
-    if mode == "all" and self._runs_native(data, True):
-      counts = (jnp.full((n,), data.samples, jnp.float32) if data.counts is None
-                else data.counts.astype(jnp.float32))
-      w, gradient, loss = native_round.fixed_round(data.X, data.y, counts, coords)
-      return {"gradient": gradient, "loss": loss, "weight": jnp.full_like(loss, n)}, w
+    if mode == "all" and self._runs_native(data, True, key):
+      if read:
+        counts = (jnp.full((n,), data.samples, jnp.float32) if data.counts is None
+                  else data.counts.astype(jnp.float32))
+        w, gradient, loss = native_round.fixed_round(data.X, data.y, counts, coords)
+        return {"gradient": gradient, "loss": loss, "weight": jnp.full_like(loss, n)}, w
+      problem = data.problem
+      w, gradient, loss, outside = native_round.fresh_round(
+          key, offset, problem.W_star, basis.T @ problem.B_star, coords, problem.noise_std,
+          data.samples)
+      return {"gradient": gradient, "loss": loss, "weight": jnp.full_like(loss, n),
+              "outside": outside}, w
 
     def one_block(clients, previous, mask, contiguous):
       V, y = data.design(key, clients, basis, offset=offset, contiguous=contiguous)

@@ -38,7 +38,9 @@ def threefry2x32(k1: jax.Array, k2: jax.Array, x1: jax.Array, x2: jax.Array):
   return x1, x2
 
 
-def _unrolled_applies(key: jax.Array, shape) -> bool:
+def unrolled_applies(key: jax.Array, shape) -> bool:
+  """Whether `normal` draws with `key` (one typed key) and `shape` by the unrolled hash: the
+  default threefry2x32 implementation, partitionable, fewer than 2^32 entries."""
   return (str(jax.random.key_impl(key)) == "threefry2x32"
           and jax.config.jax_threefry_partitionable and math.prod(shape) < 2 ** 32)
 
@@ -61,7 +63,7 @@ def normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Arr
   threefry2x32(key, (0, j)), XOR-ed, as in JAX; then uniform on [nextafter(-1, 0), 1) and
   sqrt(2) erf_inv, as in JAX.
   """
-  if jnp.dtype(dtype) != jnp.float32 or not _unrolled_applies(key, shape):
+  if jnp.dtype(dtype) != jnp.float32 or not unrolled_applies(key, shape):
     return jax.random.normal(key, shape, dtype)
   k1, k2 = jax.random.key_data(key)
   counts = lax.iota(np.uint32, math.prod(shape)).reshape(shape)
@@ -78,7 +80,7 @@ def normal_pairs(key: jax.Array, size: int) -> jax.Array:
   which are independent uniform 32-bit words, so the entries are independent standard
   normals. A key other than threefry2x32 falls back to jax.random.normal.
   """
-  if not _unrolled_applies(key, (size,)):
+  if not unrolled_applies(key, (size,)):
     return jax.random.normal(key, (size,))
   k1, k2 = jax.random.key_data(key)
   counts = lax.iota(np.uint32, -(-size // 2))
