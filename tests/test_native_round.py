@@ -2,6 +2,7 @@
 statistics sampler against numpy references and the XLA round, under jit and vmap, in a run,
 on 8 devices (test_linear_sharding) and from the executable store."""
 
+import json
 import os
 import subprocess
 import sys
@@ -299,3 +300,19 @@ def test_a_stored_program_that_calls_the_kernel_runs_in_a_new_process(tmp_path, 
   first, second = run(), run()
   assert first[:2] == ["1", "True"] and second[:2] == ["0", "True"]
   assert second[2] == first[2]
+
+
+def test_the_benchmark_harness_builds_and_times_both_kernels(tmp_path, kernel):
+  """benchmarks/native_harness.cc compiles against the kernels' source and writes its rows."""
+  root = os.path.join(os.path.dirname(__file__), "..")
+  binary, rows = tmp_path / "harness", tmp_path / "rows.json"
+  subprocess.run([native.compiler(), "-O1", "-std=c++17", "-pthread", "-I",
+                  jax.ffi.include_dir(), os.path.join(root, "benchmarks", "native_harness.cc"),
+                  "-o", str(binary)], check=True, capture_output=True, timeout=300)
+  done = subprocess.run([str(binary), "2000", "1", str(rows)], capture_output=True, text=True,
+                        timeout=120, check=True)
+  assert "fresh / fixed" in done.stdout
+  records = json.loads(rows.read_text())["rows"]
+  assert [(r["round"], r["threads"]) for r in records] == [
+      (name, threads) for name in ("fixed", "fixed, in cache", "fresh") for threads in (1, 2)]
+  assert all(r["ms_per_round"] > 0 for r in records)

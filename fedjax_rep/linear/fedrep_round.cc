@@ -424,15 +424,22 @@ inline v8 normal8(u8 bits) {
 
 // A client's job.draw normals into out, as fresh_statistics.sample draws them with its key
 // (k1, k2) = fold_in(key, id): sqrt(2) erf_inv of both words of the hashes of counters
-// 0 .. half - 1, the first words' to out[:half], the second words' to out[half:].
+// 0 .. half - 1, the first words' to out[:half], the second words' to out[half:]. The words
+// are hashed first, then transformed in a loop of independent iterations that the core
+// overlaps (the transform is a long chain of dependent multiply-adds).
 void draw_normals(const Job& job, uint32_t k1, uint32_t k2, float* out) {
   const int64_t half = job.draw / 2;  // a multiple of 8
   for (int64_t j = 0; j < half; j += kLanes) {
     u8 x1 = u8{}, x2 = u8{0, 1, 2, 3, 4, 5, 6, 7} + static_cast<uint32_t>(j);
     threefry2x32(k1, k2, x1, x2);
-    const v8 first = normal8(x1), second = normal8(x2);
-    __builtin_memcpy(out + j, &first, sizeof(first));
-    __builtin_memcpy(out + half + j, &second, sizeof(second));
+    __builtin_memcpy(out + j, &x1, sizeof(x1));
+    __builtin_memcpy(out + half + j, &x2, sizeof(x2));
+  }
+  for (int64_t j = 0; j < job.draw; j += kLanes) {
+    u8 bits;
+    __builtin_memcpy(&bits, out + j, sizeof(bits));
+    const v8 normal = normal8(bits);
+    __builtin_memcpy(out + j, &normal, sizeof(normal));
   }
 }
 
