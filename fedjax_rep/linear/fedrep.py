@@ -10,8 +10,9 @@ adding up the aggregation's weighted sums), so each client's data is read or gen
 once and memory is O(block); with `devices` > 1 the clients are split over devices
 (`core.sharding.over_clients`: each device scans its own blocks, one psum). Fresh data with
 sampler="statistics" run the clients in the 2k-dimensional basis of span[B, B*]
-(`fresh_statistics`). On fixed data with full participation and exact heads the round can
-run as one C++ kernel instead (`native_round`, `FedRep.kernel`).
+(`fresh_statistics`). With full participation and exact heads, on fixed data or fresh data
+of the statistics sampler, the round can run as one C++ kernel instead (`native_round`,
+`FedRep.kernel`).
 """
 
 import dataclasses
