@@ -6,7 +6,7 @@ each client's data read from memory once; on fresh data drawn by the statistics 
 XLA:CPU runs the same rounds as a scan over cache-sized blocks of several fusions and dots
 (`FedRep._clients`); at n = 100,000 (d = 50, k = 5, m = 10) the fixed round reaches 12-20%
 of the memory roofline, the kernel 40-70% (median 51%), 2.2-3.6x faster; the fresh round,
-bound by its random numbers in XLA, runs 1.9-3.6x faster in the kernel, 1.2-2.1x the
+bound by its random numbers in XLA, runs 1.9-3.6x faster in the kernel, 1.2-2.9x the
 kernel's fixed round (benchmarks/README.md). The kernels compute the same numbers up to
 float32 round-off (other summation orders; the fresh round's normals differ from XLA's by at
 most 6e-6 relative, 0.14 ulp on average) and are deterministic: their sums are added in a
