@@ -62,6 +62,7 @@ def test_the_bound_flags_a_blow_up_not_a_swing_and_changes_without_a_recompile(c
 
 
 def test_a_bad_factor_stops_the_run_before_it_compiles(compiles):
+  jax.random.key(0)  # the run's key: making it compiles in a fresh process
   compiles.reset()
   with pytest.raises(ValueError, match=r"blowup must be a number > 0 or None, got 0"):
     swing_run(4, blowup=0)

@@ -22,14 +22,15 @@ from fedjax_rep.core.padding import Padded
 
 @pytest.mark.parametrize("max_clients,max_size", [(1000, 100), (1000, 1000), (40, 7)])
 def test_sample_padded_draws_the_unpadded_cohort(max_clients, max_size):
+  # jitted as the rounds call them: one program for every key, n and size
+  sample_padded = jax.jit(cohort.sample_padded, static_argnums=(1, 2))
   for seed in range(10):
     key = jax.random.key(seed)
     for n, size in [(10, 1), (40, 7), (25, 25), (1000, 100), (700, 700)]:
       if n > max_clients or size > max_size:
         continue
       expected = np.asarray(cohort.sample_cohort(key, n, size))
-      clients, mask = cohort.sample_padded(key, max_clients, max_size, jnp.int32(n),
-                                           jnp.int32(size))
+      clients, mask = sample_padded(key, max_clients, max_size, jnp.int32(n), jnp.int32(size))
       clients, mask = np.asarray(clients), np.asarray(mask)
       assert mask.sum() == size
       if max_size == max_clients:  # all clients in order, the cohort as a mask

@@ -114,7 +114,8 @@ def test_srpfl_speedup_quick():
 
 def test_digits_personalized_quick():
   """FedRep beats FedAvg and local only; fine-tuning FedAvg's head improves on FedAvg."""
-  rows, config = fr.run_recipe("digits-personalized", quick=True, progress=False)
+  rows, config = fr.run_recipe("digits-personalized", quick=True, progress=False,
+                               overrides=["algorithms=fedrep,fedavg,fedavg-ft,local"])
   from fedjax_rep.recipes import nn_common
   accuracy = {r["algorithm"]: r["test_accuracy"]
               for r in nn_common.summary(rows, config.algorithms)}

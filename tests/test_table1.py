@@ -84,11 +84,11 @@ def test_table1_synthetic_quick(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe,overrides", [
-    ("fedrep-table1-cifar10", []),
-    ("fedrep-table1-cifar100", ["algorithms=fedrep"]),
+@pytest.mark.parametrize("recipe,overrides", [  # few programs each, to keep CI short
+    ("fedrep-table1-cifar10", ["algorithms=fedavg-ft,fedrep"]),
+    ("fedrep-table1-cifar100", ["algorithms=fedrep", "num_clients=10", "classes_per_client=5"]),
     ("fedrep-table1-femnist", ["algorithms=fedrep"]),
-    ("fedrep-table1-sent140", []),
+    ("fedrep-table1-sent140", ["algorithms=fedrep"]),
 ])
 def test_real_data_recipes_quick_on_mock_data(recipe, overrides):
   rows, config = fr.run_recipe(recipe, quick=True, progress=False, overrides=overrides)

@@ -60,7 +60,7 @@ def given_speeds(times, num_clients: int, dropout: float = 0.0) -> SpeedModel:
   [num_clients], which is only traced here to check its shape (nothing is compiled)."""
   _check(num_clients, dropout)
   if callable(times):
-    shape = jax.eval_shape(times, jax.random.key(0), 0).shape
+    shape = jax.eval_shape(lambda t: times(jax.random.key(0), t), 0).shape  # key traced
     if shape != (num_clients,):
       raise ValueError(f"the speed function must return times [num_clients={num_clients}]; "
                        f"got shape {shape}")
