@@ -21,6 +21,13 @@ from jax.experimental.compilation_cache import compilation_cache
 os.environ["FEDJAX_REP_CACHE"] = tempfile.mkdtemp(prefix="fedjax-rep-test-cache-")
 atexit.register(shutil.rmtree, os.environ["FEDJAX_REP_CACHE"], ignore_errors=True)
 
+def emulated_devices_env(count: int) -> dict:
+  """os.environ for a child process with `count` emulated CPU devices (XLA_FLAGS keeps the
+  flags set above)."""
+  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}"
+  return {**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"}
+
+
 _compiles = []
 jax.monitoring.register_event_duration_secs_listener(
     lambda name, duration, **kw: _compiles.append(kw.get("fun_name", "?"))

@@ -16,6 +16,7 @@ import pytest
 
 import fedjax_rep as fr
 from fedjax_rep.core import native
+from conftest import emulated_devices_env
 
 N, M, D, K = 64, 5, 6, 2
 DEVICES, GROUPS, BLOCK = 8, 8, 3
@@ -71,12 +72,9 @@ except ValueError as error:
 
 def compare_eight_with_one(tmp_path, cases_name):
   path = tmp_path / "eight.npz"
-  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"
-  env = {**os.environ, "XLA_FLAGS": flags,
-         "JAX_PLATFORMS": "cpu"}
   done = subprocess.run([sys.executable, "-c", CHILD, os.path.dirname(__file__), str(path),
-                         cases_name],
-                        env=env, capture_output=True, text=True, timeout=300)
+                         cases_name], env=emulated_devices_env(DEVICES),
+                        capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   eight, one = np.load(path), results(1, globals()[cases_name])
   assert set(eight) == set(one)
@@ -115,8 +113,6 @@ print(len(chunks))
 def test_sharded_run_compiles_its_chunk_once():
   """Three chunks on 8 devices: the chunk program compiles once (the carried `diverged`
   flag starts replicated over the mesh, as the chunks return it)."""
-  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
-  env = {**os.environ, "XLA_FLAGS": flags}
-  done = subprocess.run([sys.executable, "-c", RECOMPILE_CHILD], env=env, check=True,
-                        capture_output=True, text=True)
+  done = subprocess.run([sys.executable, "-c", RECOMPILE_CHILD], env=emulated_devices_env(8),
+                        check=True, capture_output=True, text=True)
   assert done.stdout.strip().splitlines()[-1] == "1"

@@ -21,6 +21,7 @@ import pytest
 import fedjax_rep as fr
 from fedjax_rep.core import sharding
 from fedjax_rep.nn.fedavg import FedAvg
+from conftest import emulated_devices_env
 
 HP = fr.nn_hparams(lr=0.1, momentum=0.5, weight_decay=1e-3)
 MODEL = fr.make_model("digits-mlp", 10)
@@ -80,11 +81,9 @@ class ShardedRuns:
 
   def __init__(self, folder):
     self.folder = folder
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"
-    env = {**os.environ, "XLA_FLAGS": flags,
-           "JAX_PLATFORMS": "cpu"}
     self.log = open(os.path.join(folder, "child.log"), "w")
-    self.process = subprocess.Popen([sys.executable, __file__, folder, *RUNS], env=env,
+    self.process = subprocess.Popen([sys.executable, __file__, folder, *RUNS],
+                                    env=emulated_devices_env(DEVICES),
                                     stdout=self.log, stderr=subprocess.STDOUT)
     self.deadline = time.monotonic() + CHILD_TIMEOUT
 
