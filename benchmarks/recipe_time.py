@@ -10,6 +10,8 @@ runs, each a new process timed whole (interpreter start included):
                compiled;
   no cache     `--no-compile-cache`: everything compiled, nothing stored.
 Every run's metrics.csv must equal the cold run's byte for byte (the script stops if not).
+Each repeat also times the floor of any run, a process that only imports jax and starts its
+backend (`python -c FLOOR`): the host's speed, to compare runs measured on different days.
 The load average is printed before each repeat: on a shared machine, compare times within
 one repeat.
 """
@@ -23,6 +25,7 @@ import tempfile
 import time
 
 WAYS = ("cold", "warm", "no cache")
+FLOOR = "import jax; jax.devices()"
 
 
 def run_seconds(args: list[str], out: str, cache: str | None = None) -> float:
@@ -37,10 +40,19 @@ def run_seconds(args: list[str], out: str, cache: str | None = None) -> float:
   return time.perf_counter() - start
 
 
+def floor_seconds() -> float:
+  """Seconds of a process that imports jax and starts its backend (interpreter start
+  included): what every run costs before its own work."""
+  start = time.perf_counter()
+  subprocess.run([sys.executable, "-c", FLOOR], check=True)
+  return time.perf_counter() - start
+
+
 def repeat(recipe: str, quick: bool, work: str) -> dict[str, float]:
-  """Seconds of each way (module docstring), from a new cache directory under `work`."""
+  """Seconds of each way (module docstring), from a new cache directory under `work`, and
+  of the floor (`floor_seconds`)."""
   cache = tempfile.mkdtemp(dir=work, prefix="cache-")
-  seconds, outputs = {}, {}
+  seconds, outputs = {"floor": floor_seconds()}, {}
   for way in WAYS:
     out = tempfile.mkdtemp(dir=work, prefix="run-")
     seconds[way] = run_seconds([recipe] + ["--quick"] * quick, out,
@@ -72,7 +84,7 @@ def main():
         f"{args.repeats} repeats (metrics.csv byte-identical in every run)")
   print(f"{'way':<10} " + " ".join(f"{'#' + str(r['repeat']):>7}" for r in rows) +
         f" {'best':>7}")
-  for way in WAYS:
+  for way in ("floor", *WAYS):
     values = [r[f"{way} s"] for r in rows]
     print(f"{way:<10} " + " ".join(f"{v:7.2f}" for v in values) + f" {min(values):7.2f}")
   if args.json:
