@@ -49,6 +49,18 @@ def test_a_stored_program_runs_in_a_new_process_without_tracing(tmp_path):
   assert second[1] == first[1]
 
 
+def test_a_stored_lapack_program_runs_without_importing_scipy_linalg(tmp_path):
+  """The process that loads the stored QR gives jaxlib scipy.linalg's two kernel tables
+  without running scipy.linalg's __init__; a later `import scipy.linalg` still works."""
+  expected = _run(tmp_path / "store")[1]
+  script = SCRIPT + ("assert 'scipy.linalg' not in sys.modules\n"
+                     "import scipy.linalg\n"
+                     "assert scipy.linalg.solve([[2.0]], [1.0])[0] == 0.5\n")
+  result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "store")], check=True,
+                          capture_output=True, text=True)
+  assert result.stdout.split(" ", 1) == ["0", expected]
+
+
 def test_a_program_from_jax_persistent_cache_is_stored_compiled_afresh(tmp_path):
   """JAX's own cache holds the program already; the store compiles it again (a copy of a
   cache-loaded executable fails when called) and a third process runs the stored one."""
