@@ -255,19 +255,12 @@ def _load_scipy_kernel_tables() -> None:
     folder = os.path.join(os.path.dirname(importlib.util.find_spec("scipy").origin), "linalg")
     for name in SCIPY_KERNEL_TABLES:
       full = f"scipy.linalg.{name}"
-      if full in sys.modules:
-        continue
-      file = next(os.path.join(folder, name + suffix)
-                  for suffix in importlib.machinery.EXTENSION_SUFFIXES
-                  if os.path.exists(os.path.join(folder, name + suffix)))
-      spec = importlib.util.spec_from_file_location(full, file)
-      sys.modules[full] = importlib.util.module_from_spec(spec)
-      try:
-        spec.loader.exec_module(sys.modules[full])
-      except BaseException:
-        del sys.modules[full]
-        raise
-  except (ImportError, AttributeError, OSError, StopIteration):
+      spec = importlib.machinery.PathFinder.find_spec(full, [folder])  # the parent unimported
+      if full not in sys.modules and spec is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[full] = module
+  except (ImportError, AttributeError, OSError):
     return
 
 
