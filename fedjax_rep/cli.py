@@ -126,7 +126,9 @@ def main(argv=None) -> int:
   try:
     recipe, what = _what_to_run(args)
     store = contextlib.nullcontext()
-    if not args.no_compile_cache:
+    if args.no_compile_cache:
+      compile_cache.disable()
+    else:
       store = executables.storing(  # named by what runs: its programs load in the background
           os.path.join(compile_cache.enable(), "executables"),
           name=repr((recipe, sorted((k, v) for k, v in what.items() if k != "out"))))

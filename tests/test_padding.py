@@ -116,7 +116,8 @@ def test_fedrep_fig3_grid_curve_equals_its_single_run():
 
 def test_cli_compile_cache_is_on_by_default_and_changes_no_number(tmp_path):
   """Two CLI runs sharing a cache directory write byte-identical metrics.csv, and the
-  first fills the cache; --no-compile-cache leaves a fresh cache directory empty."""
+  first fills the cache; --no-compile-cache leaves a fresh cache directory empty, and JAX's
+  own ($JAX_COMPILATION_CACHE_DIR) too."""
   args = [sys.executable, "-m", "fedjax_rep", "run", "fedrep-fig3", "--no-progress", "--set",
           "num_clients=5,20", "--set", "rounds=4", "--seeds", "1"]
   env = {**os.environ, "FEDJAX_REP_CACHE": str(tmp_path / "cache")}
@@ -125,8 +126,10 @@ def test_cli_compile_cache_is_on_by_default_and_changes_no_number(tmp_path):
                    capture_output=True)
     assert os.listdir(tmp_path / "cache")
   assert (tmp_path / "a/metrics.csv").read_bytes() == (tmp_path / "b/metrics.csv").read_bytes()
-  env["FEDJAX_REP_CACHE"] = str(tmp_path / "unused")
+  env.update(FEDJAX_REP_CACHE=str(tmp_path / "unused"),
+             JAX_COMPILATION_CACHE_DIR=str(tmp_path / "unused-jax"))
   subprocess.run(args + ["--out", str(tmp_path / "c"), "--no-compile-cache"], env=env,
                  check=True, capture_output=True)
   assert not os.path.exists(tmp_path / "unused")
+  assert not os.path.exists(tmp_path / "unused-jax")
   assert (tmp_path / "a/metrics.csv").read_bytes() == (tmp_path / "c/metrics.csv").read_bytes()

@@ -42,3 +42,9 @@ def enable(path: str | None = None) -> str:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   return path
 
+
+def disable() -> None:
+  """No persistent compilation cache from the next compilation on, even where
+  $JAX_COMPILATION_CACHE_DIR names one."""
+  compilation_cache.reset_cache()
+  jax.config.update("jax_compilation_cache_dir", None)
