@@ -28,6 +28,14 @@ def emulated_devices_env(count: int) -> dict:
   return {**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"}
 
 
+def pytest_collection_modifyitems(items):
+  """Runs the slow tests first. pytest-xdist's `worksteal` schedule (pyproject.toml) gives
+  each worker half of the tests, and a worker that runs out takes half of what the other
+  has left, from its end: with the long tests at the front, the end of the run is short
+  tests that even out, not one worker idle while the other runs a notebook."""
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 _compiles = []
 jax.monitoring.register_event_duration_secs_listener(
     lambda name, duration, **kw: _compiles.append(kw.get("fun_name", "?"))
