@@ -238,7 +238,7 @@ def _initialize_lapack_once() -> None:
     jax.jit(jnp.linalg.cholesky).lower(jax.ShapeDtypeStruct((1, 1), jnp.float32))
 
 
-SCIPY_KERNEL_TABLES = ("cython_blas", "cython_lapack")  # of scipy.linalg, read by jaxlib
+SCIPY_KERNEL_TABLES = ("scipy.linalg.cython_blas", "scipy.linalg.cython_lapack")  # jaxlib reads
 
 
 def _load_scipy_kernel_tables() -> None:
@@ -253,10 +253,11 @@ def _load_scipy_kernel_tables() -> None:
     return
   try:
     folder = os.path.join(os.path.dirname(importlib.util.find_spec("scipy").origin), "linalg")
-    for name in SCIPY_KERNEL_TABLES:
-      full = f"scipy.linalg.{name}"
+    for full in SCIPY_KERNEL_TABLES:
+      if full in sys.modules:
+        continue
       spec = importlib.machinery.PathFinder.find_spec(full, [folder])  # the parent unimported
-      if full not in sys.modules and spec is not None:
+      if spec is not None:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[full] = module
