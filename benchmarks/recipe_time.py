@@ -45,13 +45,15 @@ def run_seconds(args: list[str], out: str, cache: str | None = None,
   included: with the compilation cache and stored programs in the directory `cache`, or
   with none (`--no-compile-cache`) when cache is None; the fedjax_rep package found in the
   directory `package` when given (first on PYTHONPATH), else the installed one."""
+  out = os.path.abspath(out)
   command = [sys.executable, "-m", "fedjax_rep", "run", *args, "--no-progress", "--out", out,
              *(["--no-compile-cache"] if cache is None else [])]
   env = os.environ if cache is None else {**os.environ, "FEDJAX_REP_CACHE": cache}
   if package is not None:
     env = {**env, "PYTHONPATH": os.pathsep.join(
         [package, *filter(None, [os.environ.get("PYTHONPATH")])])}
-  start = time.perf_counter()  # run in `out`: `python -m` puts the working directory first
+  os.makedirs(out, exist_ok=True)  # the run's working directory: `python -m` puts it first
+  start = time.perf_counter()       # on sys.path, and a checkout there would be imported
   subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env, cwd=out)
   return time.perf_counter() - start
 

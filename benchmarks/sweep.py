@@ -134,7 +134,8 @@ def main():
         f"{np.mean(stored_s[1:]):.1f} s per run")
   print(f"largest difference of a curve (principal angle), grid vs single run: "
         f"{difference['max']:.1e}; runs differing by more than 1e-4: {difference['over']} of "
-        f"{difference['runs']} (all at lr >= {difference['min_lr']})")
+        f"{difference['runs']}" + (f" (all at lr >= {difference['min_lr']})"
+                                   if difference["over"] else ""))
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"runs": runs, "grid_cli_s": grid_s, "processes_cli_s": processes_s,
