@@ -344,15 +344,21 @@ def main():
   parser.add_argument("--kernels", default="xla,native",
                       help="comma-separated kernels of the fixed and fresh-statistics "
                            "rounds: xla, native (default both)")
+  parser.add_argument("--precision", choices=("highest", "default"), default="highest",
+                      help="jax's default matmul precision: highest (float32 products, the "
+                           "default) or default (on a GPU TF32 products, whose round-off "
+                           "fails the check against numpy: update error 5e-3 on an H200)")
   parser.add_argument("--json", metavar="PATH",
                       help="also write the rows as JSON (n, mode, ms_per_round, "
                            "fraction_of_roofline, roofline_ms, bound, load_average, ...)")
   args = parser.parse_args()
+  jax.config.update("jax_default_matmul_precision", args.precision)
   sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
   min_seconds, repeats, max_loop_clients = (0.1, 2, 1000) if args.quick else (0.5, 3, 10000)
 
   print("\n".join(machine_info()))
-  print(f"FedRep round: d={DIM}, k={REP_DIM}, m={SAMPLES}, full participation, float32")
+  print(f"FedRep round: d={DIM}, k={REP_DIM}, m={SAMPLES}, full participation, float32 "
+        f"(matmul precision {args.precision})")
   rates = machine_rates(repeats)
   print(f"roofline: matmul {rates['gflops']:.0f} GFLOP/s (jax, 2048^3), read "
         f"{rates['read_gbs']:.1f} GB/s (jax sum of 400 MB), numpy copy "

@@ -5,15 +5,18 @@ Each configuration (clients n, data mode, devices) runs in its own subprocess, s
 resident memory (ru_maxrss of that process) is its own; the number of devices is set
 there through XLA_FLAGS=--xla_force_host_platform_device_count=D (emulated CPU devices
 share this machine's cores: more devices is a check of the sharded program, not a
-speed-up here). Next to the measured peak the table prints `fedjax_rep.linear.memory`'s
+speed-up here). With `--platform cuda` (any JAX_PLATFORMS value but cpu) the subprocess
+runs on that accelerator's real devices instead, and the table adds their peak memory
+(the allocator's peak_bytes_in_use, summed over the devices used). Next to the measured peak the table prints `fedjax_rep.linear.memory`'s
 estimate. A configuration that cannot fit stops in its subprocess with the memory check's
 one-line error, shown in the table.
 
   python benchmarks/scale.py --clients 1e5,1e6,1e7 --mode fresh --rounds 2 --json rows.json
   python benchmarks/scale.py --clients 1e5,1e6 --mode fresh-statistics --devices 1,8
 
-Rows (--json): n, mode, devices, round, seconds_per_round, init_seconds, warm_up_seconds
-(compilation + two rounds), peak_rss_gb, estimate_gb, load_average, error.
+Rows (--json): n, mode, devices, round, platform, seconds_per_round, init_seconds,
+warm_up_seconds (compilation + two rounds), peak_rss_gb, device_peak_gb (None on the CPU),
+estimate_gb, load_average, error.
 Modes: fixed (X [n, m, d] in memory), fresh (direct samples), fresh-statistics
 (FreshData(sampler="statistics")). `--round` picks an entry of ROUNDS, a function(config) ->
 dict of timings run in the subprocess:
@@ -140,13 +143,28 @@ def child(config: dict) -> None:
   except ValueError as error:  # the memory check (or a bad configuration): a row, not a crash
     result = {"error": str(error)}
   result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+  result["device_peak_gb"] = device_peak_gb(config["devices"])
   print(RESULT + json.dumps(result), flush=True)
 
 
+def device_peak_gb(devices: int) -> float | None:
+  """Peak GB allocated on the first `devices` accelerator devices together, or None on the
+  CPU (whose allocations peak RSS counts) or where the allocator does not say."""
+  import jax
+  if jax.default_backend() == "cpu":
+    return None
+  stats = [device.memory_stats() or {} for device in jax.devices()[:devices]]
+  if not all("peak_bytes_in_use" in s for s in stats):
+    return None
+  return sum(s["peak_bytes_in_use"] for s in stats) / 1e9
+
+
 def measure(config: dict, timeout: float) -> dict:
-  """One configuration in a fresh subprocess with `devices` emulated CPU devices."""
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": f"--xla_force_host_platform_device_count={config['devices']}"}
+  """One configuration in a fresh subprocess on `devices` devices of its platform (emulated
+  ones on the CPU)."""
+  env = {**os.environ, "JAX_PLATFORMS": config["platform"]}
+  if config["platform"] == "cpu":
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={config['devices']}"
   try:
     done = subprocess.run([sys.executable, __file__, "--child", json.dumps(config)], env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -161,7 +179,7 @@ def measure(config: dict, timeout: float) -> dict:
 
 def format_table(rows) -> str:
   header = (f"{'n':>10} {'mode':>16} {'devices':>7} {'s/round':>9} {'init s':>8} "
-            f"{'peak RSS GB':>11} {'estimate GB':>11}")
+            f"{'peak RSS GB':>11} {'device GB':>9} {'estimate GB':>11}")
   lines = [header, "-" * len(header)]
   for r in rows:
     if "error" in r and "seconds_per_round" not in r:
@@ -169,12 +187,13 @@ def format_table(rows) -> str:
       continue
     lines.append(f"{r['n']:>10} {r['mode']:>16} {r['devices']:>7} "
                  f"{r['seconds_per_round']:>9.3f} {r['init_seconds']:>8.1f} "
-                 f"{r['peak_rss_gb']:>11.2f} {estimate(r):>11}")
+                 f"{r['peak_rss_gb']:>11.2f} {gigabytes(r.get('device_peak_gb')):>9} "
+                 f"{gigabytes(r['estimate_gb']):>11}")
   return "\n".join(lines)
 
 
-def estimate(row) -> str:
-  return "-" if row["estimate_gb"] is None else f"{row['estimate_gb']:.2f}"
+def gigabytes(value: float | None) -> str:
+  return "-" if value is None else f"{value:.2f}"
 
 
 def integers(text: str) -> list[int]:
@@ -194,6 +213,9 @@ def main():
   parser.add_argument("--block", type=int, help="clients per block (default: automatic)")
   parser.add_argument("--round", default="linear", choices=sorted(ROUNDS),
                       help="the kind of round to time")
+  parser.add_argument("--platform", default="cpu",
+                      help="JAX_PLATFORMS of each configuration's process: cpu (emulated "
+                           "devices, the default) or an accelerator's, e.g. cuda")
   parser.add_argument("--timeout", type=float, default=900,
                       help="seconds allowed to one configuration")
   parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
@@ -209,14 +231,15 @@ def main():
           if args.round == "linear" else
           f"FedAvg MLP round: {NN_SAMPLES} samples per client, participation "
           f"{NN_PARTICIPATION}, {NN_GROUPS} cohort groups")
-  print(f"{what}, {args.rounds} timed rounds; {len(os.sched_getaffinity(0))} cores, "
+  print(f"{what}, {args.rounds} timed rounds on {args.platform}; "
+        f"{len(os.sched_getaffinity(0))} cores, "
         f"load average {os.getloadavg()[0]:.2f}")
   rows = []
   for mode in modes:
     for n in args.clients:
       for devices in args.devices:
         config = {"n": n, "mode": mode, "devices": devices, "rounds": args.rounds,
-                  "block": args.block, "round": args.round}
+                  "block": args.block, "round": args.round, "platform": args.platform}
         rows.append(measure(config, args.timeout))
         detail = rows[-1].get("estimate")
         print(format_table(rows[-1:]).splitlines()[-1], f"  [{detail}]" if detail else "",

@@ -234,6 +234,22 @@ def test_block_size_from_cache_and_given():
     blocks.block_size(100, 8, 0)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_block_size_on_cpu_and_accelerator(monkeypatch, backend):
+  """On the CPU a block's data fit its cache (a fixed dataset's blocks, read from memory,
+  in twice as many caches as generated ones); on an accelerator they fill
+  DEVICE_BLOCK_BYTES, whether read or generated."""
+  monkeypatch.setattr(blocks.jax, "default_backend", lambda: backend)
+  client = 2040  # bytes of one client's data: 10 samples of 50 features and a label
+  generated, read = (blocks.block_size(10**8, client, read=r) for r in (False, True))
+  if backend == "cpu":
+    assert generated == blocks.CACHE_MULTIPLE * blocks.cache_bytes() // client
+    assert read == blocks.READ_CACHE_MULTIPLE * blocks.cache_bytes() // client
+  else:
+    assert generated == read == blocks.DEVICE_BLOCK_BYTES // client
+  assert blocks.block_size(10, client) == 10  # never more than the clients
+
+
 def test_memory_estimate_and_check():
   fresh = memory.estimate(10_000_000, 50, 5, 10, "fresh-statistics")
   fixed = memory.estimate(10_000_000, 50, 5, 10, "fixed")
@@ -246,6 +262,26 @@ def test_memory_estimate_and_check():
   memory.check(10_000_000, 50, 5, 10, "fresh", available=8 << 30)
   with pytest.raises(ValueError, match="mode"):
     memory.estimate(10, 5, 2, 3, "population")
+
+
+def test_available_memory_of_accelerator_devices(monkeypatch):
+  """On an accelerator the check weighs the estimate against the free memory of the devices
+  the run uses (their allocator's limit less what is in use), not the host's."""
+  class Device:
+    def __init__(self, in_use):
+      self.in_use = in_use
+
+    def memory_stats(self):
+      return {"bytes_limit": 80 << 30, "bytes_in_use": self.in_use}
+
+  monkeypatch.setattr(memory.jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(memory.jax, "devices", lambda: [Device(1 << 30), Device(3 << 30)])
+  assert memory.available_bytes() == 79 << 30
+  assert memory.available_bytes(devices=2) == 156 << 30
+  fixed = memory.estimate(10_000_000, 50, 5, 10, "fixed")["total"]  # 22 GB: fits 79 GiB
+  assert memory.check(10_000_000, 50, 5, 10, "fixed")["total"] == fixed
+  with pytest.raises(ValueError, match="GB available"):
+    memory.check(40_000_000, 50, 5, 10, "fixed")
 
 
 def test_bad_structure_is_rejected_before_work():

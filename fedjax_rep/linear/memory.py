@@ -2,13 +2,15 @@
 
 `estimate` gives bytes by component for n clients, d, k, m and a data mode ("fixed",
 "fresh" = direct fresh samples, "fresh-statistics"); `check` raises a one-line ValueError
-when the total exceeds the memory available (MemAvailable), naming the sizes and what to
-change. Per-client state is O(n k) (heads, ground-truth heads W*); with fresh data nothing
+when the total exceeds the memory available (MemAvailable on the CPU, the devices' free
+memory on an accelerator), naming the sizes and what to change. Per-client state is O(n k) (heads, ground-truth heads W*); with fresh data nothing
 else grows with n: clients run in blocks (`blocks.block_size`), whose temporaries are O(block).
 """
 
 import contextlib
 import os
+
+import jax
 
 from fedjax_rep.linear import blocks
 
@@ -54,9 +56,15 @@ def estimate(num_clients: int, dim: int, rep_dim: int, samples: int, mode: str =
   return {**parts, "total": sum(parts.values())}
 
 
-def available_bytes() -> int:
-  """Memory available to a new allocation now: MemAvailable of /proc/meminfo, else the free
-  physical pages (os.sysconf)."""
+def available_bytes(devices: int = 1) -> int:
+  """Memory available to a new allocation now. On an accelerator (jax's default backend
+  not the CPU) whose allocator reports it: the free memory (limit less in use) of its first
+  `devices` devices together. Else MemAvailable of /proc/meminfo, else the free physical
+  pages (os.sysconf)."""
+  if jax.default_backend() != "cpu":
+    stats = [device.memory_stats() for device in jax.devices()[:devices]]
+    if all(stats) and all("bytes_limit" in s for s in stats):
+      return sum(s["bytes_limit"] - s.get("bytes_in_use", 0) for s in stats)
   with contextlib.suppress(OSError), open("/proc/meminfo") as f:
     for line in f:
       if line.startswith("MemAvailable:"):
@@ -75,10 +83,10 @@ def check(num_clients: int, dim: int, rep_dim: int, samples: int, mode: str = "f
           block: int | None = None, devices: int = 1, test_samples: int = 0,
           available: int | None = None) -> dict:
   """`estimate(...)`, after raising ValueError (one line) if its total exceeds USABLE (90%)
-  of `available` bytes (default `available_bytes()`)."""
+  of `available` bytes (default `available_bytes(devices)`)."""
   parts = estimate(num_clients, dim, rep_dim, samples, mode, block=block, devices=devices,
                    test_samples=test_samples)
-  available = available_bytes() if available is None else available
+  available = available_bytes(devices) if available is None else available
   if parts["total"] > USABLE * available:
     advice = ("use fresh data (FreshData, data_mode='fresh'), fewer clients or fewer samples"
               if mode == "fixed" else "use fewer clients or a smaller block")
