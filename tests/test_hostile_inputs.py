@@ -7,10 +7,12 @@ import warnings
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import fedjax_rep as fr
+from fedjax_rep.core import checks
 
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies
@@ -264,6 +266,44 @@ def test_input_that_runs_gives_finite_results_and_warns_when_meaningless(case):
   else:
     assert len(messages) == 1 and re.search(case.warning, messages[0]), messages
   assert_finite(result)
+
+
+VALUE_CASES = [case for case in ERRORS + RUNS
+               if re.search(r"not finite|too large|not a class|counts|only zeros|fewer samples",
+                            case.error or case.warning or "")]
+
+
+@pytest.fixture
+def arrays_on_an_accelerator(monkeypatch):
+  """Every array the checks get is a jax array that `checks.on_accelerator` takes for one
+  on a GPU (CPU arrays stand in for it)."""
+  host = checks.host
+  monkeypatch.setattr(checks, "on_accelerator", lambda leaf: isinstance(leaf, jax.Array))
+  monkeypatch.setattr(checks, "host", lambda tree: host(jax.tree.map(
+      lambda leaf: jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf, tree)))
+
+
+@pytest.mark.parametrize("case", VALUE_CASES, ids=lambda case: case.name)
+def test_values_on_an_accelerator_are_checked_there_with_the_same_messages(
+    case, arrays_on_an_accelerator):
+  call = case.setup()
+  if case.error is not None:
+    with pytest.raises(case.error_type, match=case.error):
+      call()
+    return
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always")
+    call()
+  messages = our_warnings(record)
+  assert len(messages) == 1 and re.search(case.warning, messages[0]), messages
+
+
+def test_data_on_an_accelerator_are_not_copied_to_the_host(arrays_on_an_accelerator):
+  """Sound data on an accelerator pass the checks as the very arrays given (no host copy)."""
+  data = fr.client_data(X, Y)
+  assert checks.host(data).X is data.X
+  state = fr.init_state(fedrep(), data, HP, KEY)
+  assert np.isfinite(np.asarray(state.B)).all()
 
 
 # The property: one shape (4 clients, 3 samples, d = 3) so that examples share programs;

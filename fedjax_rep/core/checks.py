@@ -5,14 +5,19 @@ needs (finite hparams; a given state finite and shaped like the algorithm's init
 and calls the algorithm's own `check(data, hparams)` (`core.protocols.Checked`) on the data
 of every run of a sweep. The checks are numpy on concrete arrays; arrays traced inside a
 user's own `jit` (or spread over other hosts) stand in as `jax.ShapeDtypeStruct`s, so only
-their shapes are checked. An input that cannot run raises a one-line ValueError that names
-the argument (and the client and sample where one is at fault), the allowed range and what
-to do; one that runs but means little warns (`warn`).
+their shapes are checked. Arrays on an accelerator stay there: the checks' reductions run
+on the device and bring back only their results (a GPU's dataset copied to the host would
+double its memory), and only an input at fault is copied, to name the entry. An input
+that cannot run raises a one-line ValueError that names the argument (and the client and
+sample where one is at fault), the allowed range and what to do; one that runs but means
+little warns (`warn`).
 """
 
+import functools
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core.protocols import Checked
@@ -73,14 +78,21 @@ def check_state(algorithm, data, hparams, key, state, sweep_axes) -> None:
                        f"{tuple(expected[path].shape)}; {advice}")
 
 
+def on_accelerator(leaf) -> bool:
+  """True for a concrete jax array on an accelerator (any device not the CPU)."""
+  return isinstance(leaf, jax.Array) and any(d.platform != "cpu" for d in leaf.devices())
+
+
 def host(tree):
   """`tree` with its concrete arrays as numpy arrays, and as `jax.ShapeDtypeStruct` (shapes
-  only) those that are traced or not all on this host; PRNG keys stay as they are."""
+  only) those that are traced or not all on this host; PRNG keys and arrays on an
+  accelerator (`on_accelerator`: checked there) stay as they are."""
 
   def one(leaf):
     if isinstance(leaf, jax.core.Tracer) or not getattr(leaf, "is_fully_addressable", True):
       return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
-    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    if isinstance(leaf, jax.Array) and (
+        jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key) or on_accelerator(leaf)):
       return leaf
     return np.asarray(leaf)
 
@@ -106,8 +118,11 @@ def sweep_runs(tree, axis) -> list:
 
 
 def concrete(*arrays) -> bool:
-  """True when every array is a numpy array (values to check), not a shape stand-in."""
-  return all(isinstance(a, np.ndarray) for a in arrays)
+  """True when every array has values to check: a numpy array or a jax array left on its
+  accelerator by `host`, not a shape stand-in or a tracer."""
+  return all(isinstance(a, np.ndarray) or (isinstance(a, jax.Array)
+                                           and not isinstance(a, jax.core.Tracer))
+             for a in arrays)
 
 
 def in_range(name: str, value, low, high=None, what: str = "", advice: str = "") -> None:
@@ -129,18 +144,55 @@ def positive_ints(owner: str, **values) -> None:
 
 
 def finite(name: str, array, axes: tuple = (), advice: str = "drop or impute it") -> None:
-  """Raises ValueError naming the first non-finite entry of a floating-point numpy `array`
-  (`axes` names its leading axes, e.g. ("client", "sample")); anything else passes."""
-  if not concrete(array) or not np.issubdtype(array.dtype, np.inexact):
+  """Raises ValueError naming the first non-finite entry of a floating-point `array` (`axes`
+  names its leading axes, e.g. ("client", "sample")); anything else passes. A jax array on
+  its accelerator is reduced there per row (entry of its leading axis), and only the first
+  faulty row is copied to the host."""
+  if not concrete(array) or not jax.dtypes.issubdtype(array.dtype, np.inexact):
     return
-  bad = ~np.isfinite(array)
-  if not bad.any():
-    return
-  index = np.unravel_index(np.argmax(bad), array.shape)
+  if isinstance(array, jax.Array) and array.ndim:
+    rows = np.asarray(_finite_rows(array))
+    if rows.all():
+      return
+    row = int(np.argmin(rows))
+    within = np.asarray(array[row])
+    index = (row, *_first_nonfinite(within))
+    value = within[index[1:]]
+  else:
+    array = np.asarray(array)
+    if np.isfinite(array).all():
+      return
+    index = _first_nonfinite(array)
+    value = array[index]
   entry = f"{name}[{', '.join(map(str, index))}]" if index else name
   where = ", ".join(f"{axis} {i}" for axis, i in zip(axes, index))
-  raise ValueError(f"{entry} = {array[index]}{f' ({where})' if where else ''} is not finite: "
+  raise ValueError(f"{entry} = {value}{f' ({where})' if where else ''} is not finite: "
                    f"{advice}")
+
+
+def _first_nonfinite(array: np.ndarray) -> tuple:
+  """The index of the first non-finite entry of a numpy `array` that has one."""
+  return np.unravel_index(np.argmax(~np.isfinite(array)), array.shape)
+
+
+@jax.jit
+def _finite_rows(array: jax.Array) -> jax.Array:
+  """[rows] bool: whether each entry of `array`'s leading axis is all finite (one fused pass
+  on the array's device, no temporary of its size)."""
+  return jnp.isfinite(array.reshape(array.shape[0], -1)).all(axis=1)
+
+
+def any_nonzero(array, axis: tuple):
+  """array.any(axis) as numpy: on the host for a numpy array, as one jitted (fused) pass on
+  its device for a jax array left on an accelerator by `host`."""
+  if isinstance(array, jax.Array):
+    return np.asarray(_any_nonzero(array, axis))
+  return array.any(axis=axis)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _any_nonzero(array: jax.Array, axis: tuple) -> jax.Array:
+  return jnp.any(array, axis=axis)
 
 
 def clients_text(clients) -> str:

@@ -88,8 +88,8 @@ class ClientDatasets:
                   f"server's averages, yet their test accuracy counts; drop them unless meant")
     if np.issubdtype(self.x.dtype, np.inexact):
       real = np.arange(m) < self.counts[:, None]
-      zero = np.flatnonzero(~(self.x.reshape(n, m, -1).any(axis=-1) & real).any(axis=1)
-                            & (self.counts > 0))
+      nonzero = checks.any_nonzero(self.x, tuple(range(2, self.x.ndim)))  # [n, m]
+      zero = np.flatnonzero(~(nonzero & real).any(axis=1) & (self.counts > 0))
       if zero.size:
         checks.warn(f"{zero.size} of {n} clients have only zeros in their training inputs x "
                     f"({checks.clients_text(zero)}): they carry no signal; drop them or check "

@@ -159,7 +159,7 @@ class FixedData:
     check_scale("X", "y", self.X, self.y)
     if self.X_test is not None:
       check_scale("X_test", "y_test", self.X_test, self.y_test)
-    zero = np.flatnonzero(~self.X.any(axis=(1, 2)))
+    zero = np.flatnonzero(~checks.any_nonzero(self.X, (1, 2)))
     if zero.size:
       checks.warn(f"{zero.size} of {n} clients have only zeros in X "
                   f"({checks.clients_text(zero)}): they carry no signal for the representation "
@@ -409,10 +409,15 @@ def client_data(X, y, *, X_test=None, y_test=None, B_star=None, counts=None) -> 
   return data.replace(X=jnp.where(real[..., None], data.X, 0.0), y=jnp.where(real, data.y, 0.0))
 
 
-def check_scale(x_name: str, y_name: str, X: np.ndarray, y: np.ndarray) -> None:
+def check_scale(x_name: str, y_name: str, X, y) -> None:
   """Raises ValueError when the sum over samples of (1 + |x|^2)(1 + y^2), which bounds the
   Gram and moment matrices and the losses that linear training forms, overflows float32;
-  X [n, m, d], y [n, m] (numpy, finite)."""
+  X [n, m, d], y [n, m] (finite; numpy, or jax arrays on their accelerator: summed there in
+  float32 first, and copied to the host only when that sum comes near float32's limit)."""
+  if isinstance(X, jax.Array):
+    if float(_scale_bound(X, y)) < checks.FLOAT32_MAX / 2:
+      return
+    X, y = np.asarray(X), np.asarray(y)
   with np.errstate(over="ignore"):
     squares = np.einsum("nmd,nmd->nm", X, X)  # in X's dtype: overflows to inf
   scale = (1.0 + squares.astype(np.float64)) * (1.0 + y.astype(np.float64) ** 2)
@@ -424,6 +429,12 @@ def check_scale(x_name: str, y_name: str, X: np.ndarray, y: np.ndarray) -> None:
                    f"(1 + |x|^2)(1 + y^2) is {total:.3g}, past float32's "
                    f"{checks.FLOAT32_MAX:.3g} (largest at client {client}, sample {sample}); "
                    f"rescale the data (e.g. standardise X and y)")
+
+
+@jax.jit
+def _scale_bound(X: jax.Array, y: jax.Array) -> jax.Array:
+  """`check_scale`'s sum in float32, one fused pass on the arrays' device."""
+  return jnp.sum((1.0 + jnp.sum(X * X, axis=-1)) * (1.0 + y * y))
 
 
 def check_data(data, rep_dim: int, cohort: int | None = None, heads: bool = True) -> None:
