@@ -164,7 +164,6 @@ def main():
       print(f"{'baseline over ' + way:<18} " + " ".join(
           f"{r['baseline over ' + way]:7.2f}" for r in rows) +
             f" {best['baseline'] / best[way]:7.2f}")
-  if baseline is not None:
     print(f"baseline: {args.baseline}; its metrics.csv against this code's: largest "
           f"difference {max(r['max abs diff'] for r in rows):.3g} absolute, "
           f"{max(r['max rel diff'] for r in rows):.3g} relative")

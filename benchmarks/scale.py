@@ -7,9 +7,9 @@ there through XLA_FLAGS=--xla_force_host_platform_device_count=D (emulated CPU d
 share this machine's cores: more devices is a check of the sharded program, not a
 speed-up here). With `--platform cuda` (any JAX_PLATFORMS value but cpu) the subprocess
 runs on that accelerator's real devices instead, and the table adds their peak memory
-(the allocator's peak_bytes_in_use, summed over the devices used). Next to the measured peak the table prints `fedjax_rep.linear.memory`'s
-estimate. A configuration that cannot fit stops in its subprocess with the memory check's
-one-line error, shown in the table.
+(the allocator's peak_bytes_in_use, summed over the devices used). Next to the measured
+peak the table prints `fedjax_rep.linear.memory`'s estimate. A configuration that cannot
+fit stops in its subprocess with the memory check's one-line error, shown in the table.
 
   python benchmarks/scale.py --clients 1e5,1e6,1e7 --mode fresh --rounds 2 --json rows.json
   python benchmarks/scale.py --clients 1e5,1e6 --mode fresh-statistics --devices 1,8
@@ -150,13 +150,9 @@ def child(config: dict) -> None:
 def device_peak_gb(devices: int) -> float | None:
   """Peak GB allocated on the first `devices` accelerator devices together, or None on the
   CPU (whose allocations peak RSS counts) or where the allocator does not say."""
-  import jax
-  if jax.default_backend() == "cpu":
-    return None
-  stats = [device.memory_stats() or {} for device in jax.devices()[:devices]]
-  if not all("peak_bytes_in_use" in s for s in stats):
-    return None
-  return sum(s["peak_bytes_in_use"] for s in stats) / 1e9
+  from fedjax_rep.linear import memory
+  stats = memory.device_stats(devices, "peak_bytes_in_use")
+  return None if stats is None else sum(s["peak_bytes_in_use"] for s in stats) / 1e9
 
 
 def measure(config: dict, timeout: float) -> dict:

@@ -13,7 +13,6 @@ sample where one is at fault), the allowed range and what to do; one that runs b
 little warns (`warn`).
 """
 
-import functools
 import warnings
 
 import jax
@@ -186,13 +185,11 @@ def any_nonzero(array, axis: tuple):
   """array.any(axis) as numpy: on the host for a numpy array, as one jitted (fused) pass on
   its device for a jax array left on an accelerator by `host`."""
   if isinstance(array, jax.Array):
-    return np.asarray(_any_nonzero(array, axis))
+    return np.asarray(_any(array, axis=axis))
   return array.any(axis=axis)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _any_nonzero(array: jax.Array, axis: tuple) -> jax.Array:
-  return jnp.any(array, axis=axis)
+_any = jax.jit(jnp.any, static_argnames="axis")
 
 
 def clients_text(clients) -> str:

@@ -3,8 +3,9 @@
 `estimate` gives bytes by component for n clients, d, k, m and a data mode ("fixed",
 "fresh" = direct fresh samples, "fresh-statistics"); `check` raises a one-line ValueError
 when the total exceeds the memory available (MemAvailable on the CPU, the devices' free
-memory on an accelerator), naming the sizes and what to change. Per-client state is O(n k) (heads, ground-truth heads W*); with fresh data nothing
-else grows with n: clients run in blocks (`blocks.block_size`), whose temporaries are O(block).
+memory on an accelerator), naming the sizes and what to change. Per-client state is O(n k)
+(heads, ground-truth heads W*); with fresh data nothing else grows with n: clients run in
+blocks (`blocks.block_size`), whose temporaries are O(block).
 """
 
 import contextlib
@@ -56,15 +57,24 @@ def estimate(num_clients: int, dim: int, rep_dim: int, samples: int, mode: str =
   return {**parts, "total": sum(parts.values())}
 
 
+def device_stats(devices: int = 1, key: str = "bytes_limit") -> list[dict] | None:
+  """The allocator's memory statistics (`Device.memory_stats()`) of the first `devices`
+  devices of an accelerator (jax's default backend not the CPU), or None on the CPU or
+  where one of them does not report `key`."""
+  if jax.default_backend() == "cpu":
+    return None
+  stats = [device.memory_stats() or {} for device in jax.devices()[:devices]]
+  return stats if all(key in s for s in stats) else None
+
+
 def available_bytes(devices: int = 1) -> int:
-  """Memory available to a new allocation now. On an accelerator (jax's default backend
-  not the CPU) whose allocator reports it: the free memory (limit less in use) of its first
-  `devices` devices together. Else MemAvailable of /proc/meminfo, else the free physical
-  pages (os.sysconf)."""
-  if jax.default_backend() != "cpu":
-    stats = [device.memory_stats() for device in jax.devices()[:devices]]
-    if all(stats) and all("bytes_limit" in s for s in stats):
-      return sum(s["bytes_limit"] - s.get("bytes_in_use", 0) for s in stats)
+  """Memory available to a new allocation now: on an accelerator whose allocator reports
+  it, the free memory (limit less in use) of its first `devices` devices together
+  (`device_stats`); else MemAvailable of /proc/meminfo, else the free physical pages
+  (os.sysconf)."""
+  stats = device_stats(devices)
+  if stats is not None:
+    return sum(s["bytes_limit"] - s.get("bytes_in_use", 0) for s in stats)
   with contextlib.suppress(OSError), open("/proc/meminfo") as f:
     for line in f:
       if line.startswith("MemAvailable:"):
