@@ -38,15 +38,60 @@ def test_parts_are_disjoint_valid_and_deterministic(name, labels):
   assert not all(np.array_equal(a, b) for a, b in zip(train, other))
 
 
-def test_classes_gives_each_client_its_classes(labels):
-  y, y_test = labels
-  train, test = split("classes", labels)
-  held = [set(y[p]) for p in train]
-  assert all(len(h) == S for h in held)
-  assert all(set(y_test[p]) <= h for p, h in zip(test, held))
-  holders = np.bincount(np.concatenate([list(h) for h in held]), minlength=10)
-  assert holders.max() - holders.min() <= 1
-  assert sum(map(len, train)) == len(y)  # Every class is held, so every sample is used.
+def rows_of(parts, labels, shard):
+  """[clients, C] how often each client holds each class, from parts whose shards all have
+  `shard` samples (hand-made labels with a multiple of the shard count per class)."""
+  counts = np.stack([np.bincount(labels[p], minlength=labels.max() + 1) for p in parts])
+  assert np.all(counts % shard == 0)
+  return counts // shard
+
+
+def test_classes_is_fedreps_shard_scheme():
+  """Hand-made labels: 10 classes of 40 train and 12 test samples, 20 clients with S = 3
+  slots, so 6 shards per class of 40/6 train (6 or 7: the remainder to the first shards)
+  and 2 test samples. Every sample is used once, each client's labels are its row (S
+  shards, a class possibly twice), every class fills n S / C slots, and the test split
+  follows the same rows."""
+  y, y_test = np.repeat(np.arange(10), 40), np.repeat(np.arange(10), 12)
+  train, test = partition.classes(y, y_test, num_clients=20, classes_per_client=3, seed=0)
+  assert sum(map(len, train)) == len(y) and sum(map(len, test)) == len(y_test)
+  held = rows_of(test, y_test, 2)  # test shards are exactly 2 samples each
+  assert np.all(held.sum(axis=1) == 3) and np.all(held.sum(axis=0) == 6)
+  for p, row in zip(train, held):
+    counts = np.bincount(y[p], minlength=10)
+    assert np.all((counts == 0) == (row == 0))
+    # one shard of a class is 6 or 7 samples: the sizes FedRep's leftover rule gives
+    assert np.all((counts >= 6 * row) & (counts <= 7 * row))
+  # FedRep's shards are runs of a class's samples in their order (plus one leftover each)
+  first = np.flatnonzero(y == 0)
+  shards = sorted(np.sort(p[y[p] == 0]).tolist() for p in train if (y[p] == 0).any())
+  assert any(s[:6] == first[:6].tolist() for s in shards)
+  assert (held == 2).any()  # 20 rows of 3 from a pool of 60: some row draws a class twice
+
+
+def test_classes_gives_random_class_sets(labels):
+  """The distinct class sets over seeds are those of random rows of FedRep's pool (their
+  mean count over 40 seeds within 2 of a direct simulation of the pool), not the few of a
+  cyclic window (C / gcd(S, C) = 5 here)."""
+  y, _ = labels
+  def distinct(parts):
+    return len({frozenset(y[p]) for p in parts})
+  counts = [distinct(split("classes", labels, seed=s)[0]) for s in range(40)]
+  rng = np.random.default_rng(1)
+  pools = [rng.permutation(np.tile(np.arange(10), CLIENTS * S // 10)).reshape(CLIENTS, S)
+           for _ in range(2000)]
+  expected = np.mean([len({frozenset(r) for r in rows}) for rows in pools])
+  assert expected > 10 and abs(np.mean(counts) - expected) < 2
+
+
+def test_classes_uneven_pool(labels):
+  """C not dividing n S: n S mod C classes hold one slot more; every slot one shard."""
+  y, _ = labels
+  train, _ = partition.classes(*labels, num_clients=7, classes_per_client=3, seed=0)
+  holders = np.bincount(np.concatenate([np.unique(y[p]) for p in train]), minlength=10)
+  assert 1 <= holders.min() and holders.max() <= 3 and holders.sum() <= 21
+  assert all(1 <= len(set(y[p])) <= 3 for p in train)
+  assert sum(map(len, train)) == len(y)
 
 
 def test_dirichlet_min_samples_and_test_classes(labels):
@@ -85,7 +130,7 @@ def test_errors_on_bad_labels_and_impossible_splits():
   with pytest.raises(ValueError, match="train_labels must be a 1-D integer array"):
     partition.iid(np.zeros((4, 2), np.int64), np.zeros(2, np.int64), 2, seed=0)
   y = np.array([0] * 50 + [1] * 2)
-  with pytest.raises(ValueError, match="class 1 has 2 train samples but 5 clients hold it"):
+  with pytest.raises(ValueError, match="class 1 has 2 train samples but 5 shards"):
     partition.classes(y, y, num_clients=10, classes_per_client=1, seed=0)
   with pytest.raises(ValueError, match="use fewer clients or a larger alpha"):
     partition.dirichlet(np.zeros(40, np.int64), np.zeros(4, np.int64), num_clients=20,
@@ -139,40 +184,11 @@ def test_digits_federated_classes():
   for i in range(50):
     assert not xs[i, counts[i]:].any() and not ys[i, counts[i]:].any()
     classes = set(ys[i, :counts[i]])
-    assert len(classes) == 2
+    assert 1 <= len(classes) <= 2
     assert set(np.asarray(data.y_test)[i, :test_counts[i]]) <= classes
-
-
-def even_classes(y, y_test, num_clients, classes_per_client, seed):
-  """A copy of `classes` before size_sigma (an even split of each class), to pin
-  size_sigma=0 to it."""
-  names = np.unique(y)
-  rng = np.random.default_rng(seed)
-  slots = (np.arange(num_clients)[:, None] * classes_per_client
-           + np.arange(classes_per_client)) % len(names)
-  held = np.empty((num_clients, classes_per_client), np.int64)
-  held[rng.permutation(num_clients)] = rng.permutation(len(names))[slots]
-  train = [[] for _ in range(num_clients)]
-  test = [[] for _ in range(num_clients)]
-  for c, name in enumerate(names):
-    h = np.flatnonzero((held == c).any(axis=1))
-    if len(h) == 0:
-      continue
-    h = rng.permutation(h)
-    for parts, labels in ((train, y), (test, y_test)):
-      idx = rng.permutation(np.flatnonzero(labels == name))
-      for client, chunk in zip(h, np.array_split(idx, len(h))):
-        parts[client].append(chunk)
-  return [[rng.permutation(np.concatenate(c).astype(np.int64)) for c in parts]
-          for parts in (train, test)]
-
-
-def test_classes_size_sigma_zero_is_the_even_split(labels):
-  expected = even_classes(*labels, CLIENTS, S, seed=0)
-  for size_sigma in ({}, dict(size_sigma=0.0), dict(size_sigma=0)):
-    train, test = partition.partition("classes", *labels, num_clients=CLIENTS, seed=0,
-                                      classes_per_client=S, **size_sigma)
-    assert all(np.array_equal(a, b) for a, b in zip(train + test, expected[0] + expected[1]))
+  # FedRep's random rows: 32 distinct class sets at seed 0 (a cyclic window of 2 gave 5)
+  sets = {frozenset(ys[i, :counts[i]].tolist()) for i in range(50)}
+  assert len(sets) == 32
 
 
 @pytest.mark.parametrize("size_sigma", [0.5, 1.0])
@@ -185,7 +201,7 @@ def test_classes_log_normal_sizes(size_sigma):
   assert_disjoint(test, len(y_test))
   assert sum(map(len, train)) == len(y) and sum(map(len, test)) == len(y_test)
   held = [set(y[p]) for p in train]
-  assert all(len(h) == S for h in held)
+  assert all(1 <= len(h) <= S for h in held)
   assert all(set(y_test[p]) <= h for p, h in zip(test, held))
   sizes = np.array([len(p) for p in train])
   test_sizes = np.array([len(p) for p in test])
@@ -225,7 +241,7 @@ def test_classes_size_sigma_property():
     for parts, n in ((train, len(y)), (test, len(y_test))):
       assert len(parts) == num_clients
       assert_disjoint(parts, n)
-    assert all(len(set(y[p])) == classes_per_client for p in train)
+    assert all(1 <= len(set(y[p])) <= classes_per_client for p in train)
     assert all(set(y_test[q]) <= set(y[p]) for p, q in zip(train, test))
     held = np.unique(y[np.concatenate(train)])
     assert sum(map(len, train)) == np.isin(y, held).sum()

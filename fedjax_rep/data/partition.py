@@ -11,9 +11,9 @@ by 'classes' and 'dirichlet'.
 import numpy as np
 
 PARTITIONS = {
-    "classes": "FedRep shards: each client holds classes_per_client classes, each class's "
-               "samples split among its holders evenly, or in proportion to client weights "
-               "~ LogNormal(0, size_sigma)",
+    "classes": "FedRep's shards: each client draws classes_per_client class labels from a "
+               "shuffled pool holding every class equally often and takes one shard of each "
+               "(sizes in proportion to client weights ~ LogNormal(0, size_sigma) if > 0)",
     "dirichlet": "each class's samples split over clients by proportions ~ Dir(dirichlet_alpha)",
     "iid": "a uniformly random split into near-equal parts",
 }
@@ -54,19 +54,39 @@ def _apportion(n: int, weights: np.ndarray) -> np.ndarray:
   return sizes
 
 
+def _shards(idx: np.ndarray, k: int, rng: np.random.Generator, weights, least: int):
+  """k shards (index arrays) of one class's sample indices idx. weights None: FedRep's
+  shards, k equal parts of idx in its order, the len(idx) % k left over going one each to
+  the first shards. weights [k] (the holders'): parts of a random permutation of idx of
+  sizes least + a share of the rest in proportion to the weights (`_apportion`)."""
+  if k == 0:
+    return []
+  if weights is None:
+    q, r = divmod(len(idx), k)
+    equal = idx[:k * q].reshape(k, q)
+    return [np.append(equal[j], idx[k * q + j]) if j < r else equal[j] for j in range(k)]
+  sizes = least + _apportion(len(idx) - least * k, weights)
+  return np.split(rng.permutation(idx), np.cumsum(sizes)[:-1])
+
+
 def classes(train_labels, test_labels, num_clients: int, classes_per_client: int, seed: int,
             size_sigma: float = 0.0):
-  """FedRep's shard partition: (train_parts, test_parts), each a list of num_clients arrays.
+  """FedRep's shard partition (`noniid` of FedRep's and FLUTE's code): (train_parts,
+  test_parts), each a list of num_clients arrays.
 
-  The clients, in a random order, take classes_per_client consecutive classes each from a
-  random cyclic order of the C classes, so every client has distinct classes and every class
-  has floor or ceil(num_clients * classes_per_client / C) holders. With size_sigma = 0 a
-  class's shuffled train samples are split as evenly as possible among its holders (in a
-  random order), and so are its test samples, so each client's test set comes from its own
-  classes. With size_sigma > 0 each client draws a weight ~ LogNormal(0, size_sigma) and a
-  class's N_c train samples are split as 1 each plus N_c - holders in proportion to its
-  holders' weights, its test samples in proportion to the weights (a holder may get none),
-  so client sizes are log-normal as in FedRep's FEMNIST.
+  With S = classes_per_client, the n x S label slots are filled with each of the C classes
+  n S / C times, shuffled and read row by row: client i's row is S labels drawn without
+  replacement from that pool, so class sets are random and a client may draw a class twice
+  (then it has fewer than S distinct classes). Each class's train samples, in their order,
+  are cut into as many equal shards as the class has slots (the remainder going one sample
+  each to the first shards), and client i takes, for each label of its row, one unused shard
+  of that class at random. The test samples are cut and dealt the same way over the same
+  rows, so a client's test labels come from its row. Where C does not divide n S (FedRep's
+  code needs it to), the first n S mod C classes of a random order get one slot more. With
+  size_sigma > 0 each client draws a weight ~ LogNormal(0, size_sigma) and a class's
+  shuffled samples are cut among its slots as 1 each (train; 0 for test) plus the rest in
+  proportion to the slot holders' weights, so client sizes are log-normal as in FedRep's
+  FEMNIST.
   """
   train_labels, test_labels = _check(train_labels, test_labels, num_clients)
   names, sizes = np.unique(train_labels, return_counts=True)
@@ -77,29 +97,30 @@ def classes(train_labels, test_labels, num_clients: int, classes_per_client: int
   if not size_sigma >= 0 or not np.isfinite(size_sigma):
     raise ValueError(f"size_sigma must be a finite number >= 0, got {size_sigma}")
   rng = np.random.default_rng(seed)
-  slots = (np.arange(num_clients)[:, None] * classes_per_client
-           + np.arange(classes_per_client)) % len(names)
-  held = np.empty((num_clients, classes_per_client), np.int64)
-  held[rng.permutation(num_clients)] = rng.permutation(len(names))[slots]
-  holders = [np.flatnonzero((held == c).any(axis=1)) for c in range(len(names))]
-  for name, size, h in zip(names, sizes, holders):
-    if size < len(h):
-      raise ValueError(f"class {name} has {size} train samples but {len(h)} clients hold it; "
-                       f"use fewer clients or fewer classes_per_client")
-  # Drawn only for size_sigma > 0, so that size_sigma = 0 keeps the even split's draws.
-  weights = rng.lognormal(0.0, size_sigma, num_clients) if size_sigma > 0 else np.ones(num_clients)
-  train = [[] for _ in range(num_clients)]
-  test = [[] for _ in range(num_clients)]
-  for name, h in zip(names, holders):
-    if len(h) == 0:
-      continue
-    h = rng.permutation(h)
-    for parts, labels, least in ((train, train_labels, 1), (test, test_labels, 0)):
-      idx = rng.permutation(np.flatnonzero(labels == name))
-      shares = least + _apportion(len(idx) - least * len(h), weights[h])
-      for client, chunk in zip(h, np.split(idx, np.cumsum(shares)[:-1])):
-        parts[client].append(chunk)
-  return _gather(train, rng), _gather(test, rng)
+  slots = num_clients * classes_per_client
+  shards = np.full(len(names), slots // len(names))
+  shards[rng.permutation(len(names))[:slots % len(names)]] += 1
+  for name, size, k in zip(names, sizes, shards):
+    if size < k:
+      raise ValueError(f"class {name} has {size} train samples but {k} shards (client slots: "
+                       f"num_clients * classes_per_client / classes); use fewer clients or "
+                       f"fewer classes_per_client")
+  rows = rng.permutation(np.repeat(np.arange(len(names)), shards)).reshape(
+      num_clients, classes_per_client)
+  weights = rng.lognormal(0.0, size_sigma, num_clients) if size_sigma > 0 else None
+  holders = [np.nonzero(rows == c)[0] for c in range(len(names))]  # row-major slot order
+  parts = []
+  for labels, least in ((train_labels, 1), (test_labels, 0)):
+    pools = [_shards(np.flatnonzero(labels == name), k, rng,
+                     None if weights is None else weights[h], least)
+             for name, k, h in zip(names, shards, holders)]
+    chunks = [[] for _ in range(num_clients)]
+    for client, row in enumerate(rows):
+      for c in row:  # weighted shards are cut in slot order; FedRep's are drawn at random
+        chunks[client].append(pools[c].pop(0 if weights is not None
+                                           else int(rng.integers(len(pools[c])))))
+    parts.append(_gather(chunks, rng))
+  return tuple(parts)
 
 
 def dirichlet(train_labels, test_labels, num_clients: int, alpha: float, seed: int,

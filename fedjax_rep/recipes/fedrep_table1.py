@@ -2,8 +2,9 @@
 real data, every algorithm of the table, the paper's number beside the measured one.
 
 - CIFAR-10 (n, S) in (100, 2), (100, 5), (1000, 2) and CIFAR-100 (100, 5), (100, 20):
-  tensorflow-datasets files; each client holds S classes with 50,000/n training samples,
-  its test samples from its own classes (`partition.classes`); FedRep's CNNs.
+  tensorflow-datasets files; each client holds S class shards (FedRep's shard scheme,
+  `partition.classes`: S random labels, a class possibly twice) with 50,000/n training
+  samples, its test samples from the same labels; FedRep's CNNs.
 - FEMNIST: LEAF's files, restricted to 10 letters (A-J), pooled and re-split over n = 150
   clients with S = 3 letters each and log-normal sizes (size_sigma 0.5; the paper gives
   no sigma), 148 training samples per client on average; the MLP; 200 rounds.

@@ -2,7 +2,7 @@
 and FLUTE* against FedRep, FedRep*, FedPer, LG-FedAvg, FedAvg and FedAvg-FT, test accuracy
 and the neural-collapse metrics (Global NC2, Averaged Local NC2) of FLUTE's App. C.2.
 
-Partitions (M clients, m classes each, `partition.classes`): CIFAR-10 (50, 2), (50, 5),
+Partitions (M clients, m class shards each, FedRep's scheme as FLUTE's code: `partition.classes`): CIFAR-10 (50, 2), (50, 5),
 (100, 2), (100, 5) and CIFAR-100 (100, 5), (100, 10), (100, 20), (100, 40) from the
 tensorflow-datasets files (`dataset=cifar10|cifar100`; a missing dataset stops the run
 before any work with the command that prepares it), FedRep's CNNs. FedRep's schedule

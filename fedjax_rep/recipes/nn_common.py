@@ -20,7 +20,7 @@ LAST_EVALUATIONS = 10  # the papers' accuracy: the mean over the last 10 evaluat
 
 
 def partition(default="classes"):
-  return cfg.choice("how samples are split over clients: S classes each, Dirichlet label "
+  return cfg.choice("how samples are split over clients: S class shards each (FedRep's), Dirichlet label "
                     "proportions, or iid", default, tuple(partition_lib.PARTITIONS))
 
 
