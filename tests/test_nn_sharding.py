@@ -29,7 +29,9 @@ NUM_CLIENTS, GROUPS, ROUNDS, DEVICES = 16, 8, 3, 8
 # run: (algorithm, cohort, devices of the sharded side); fedavg-ft tests the evaluation keys
 RUNS = {"fedrep-full": ("fedrep", 16, 8), "fedrep-partial": ("fedrep", 8, 8),
         "fedavg-full": ("fedavg", 16, 8), "fedavg-ft-partial": ("fedavg-ft", 8, 4),
-        "scaffold-partial": ("scaffold", 8, 8)}
+        "scaffold-partial": ("scaffold", 8, 8), "fedrod-partial": ("fedrod", 8, 8),
+        "fedbabu-partial": ("fedbabu", 8, 4), "fed-mtl-partial": ("fed-mtl", 8, 8),
+        "fedcp-partial": ("fedcp", 8, 4)}
 CHILD_TIMEOUT = 300  # seconds for all the sharded runs
 
 

@@ -1,29 +1,45 @@
 """Traced hyperparameters of the neural algorithms (a sweep over them is a vmap)."""
 
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
 
 from fedjax_rep.core import struct
+
+# Algorithm-specific traced hyperparameters `hparams` accepts, with their valid range.
+OPTIONS = {"mtl_lambda": "finite and >= 0 (Fed-MTL's regulariser weight)"}
 
 
 @struct.dataclass
 class NNHparams:
   """Local SGD of every phase (head, body, joint, fine-tuning): step size `lr`, heavy-ball
   `momentum` and L2 `weight_decay` (added to the gradient before momentum, as PyTorch's
-  SGD does). Numbers, so the optax transform is built inside the round and nothing
-  recompiles when they change."""
+  SGD does); `options`: algorithm-specific scalars by name (OPTIONS; an absent one takes
+  the algorithm's default, and which are present is structure: adding one recompiles,
+  changing its value does not). Numbers, so the optax transform is built inside the round
+  and nothing recompiles when they change."""
   lr: jax.Array
   momentum: jax.Array
   weight_decay: jax.Array
+  options: dict = dataclasses.field(default_factory=dict)
 
 
-def hparams(lr: float = 0.01, momentum: float = 0.5, weight_decay: float = 1e-4) -> NNHparams:
+def hparams(lr: float = 0.01, momentum: float = 0.5, weight_decay: float = 1e-4,
+            **options: float) -> NNHparams:
   """NNHparams of float32 scalars; defaults of FedRep's code (lr 0.01, momentum 0.5,
-  weight decay 1e-4)."""
+  weight decay 1e-4). `options`: the algorithm-specific ones of OPTIONS (mtl_lambda)."""
+  unknown = sorted(set(options) - set(OPTIONS))
+  if unknown:
+    raise ValueError(f"unknown hparams options {unknown}; known: {sorted(OPTIONS)}")
   for name, value, ok, valid in (("lr", lr, lr > 0, "> 0"),
                                  ("momentum", momentum, 0 <= momentum < 1, "in [0, 1)"),
-                                 ("weight_decay", weight_decay, weight_decay >= 0, ">= 0")):
+                                 ("weight_decay", weight_decay, weight_decay >= 0, ">= 0"),
+                                 *((name, value, 0 <= value < math.inf, OPTIONS[name])
+                                   for name, value in options.items())):
     if not ok:  # NaN fails every comparison
       raise ValueError(f"{name}={value!r} is out of range: {name} must be {valid}")
   return NNHparams(lr=jnp.float32(lr), momentum=jnp.float32(momentum),
-                   weight_decay=jnp.float32(weight_decay))
+                   weight_decay=jnp.float32(weight_decay),
+                   options={name: jnp.float32(value) for name, value in options.items()})

@@ -5,11 +5,15 @@ import dataclasses
 from fedjax_rep.core import registry
 from fedjax_rep.nn.apfl import APFL
 from fedjax_rep.nn.ditto import Ditto
+from fedjax_rep.nn.fed_mtl import FedMTL
 from fedjax_rep.nn.fedavg import FedAvg
 from fedjax_rep.nn.fedavg_steps import FedAvgSteps
+from fedjax_rep.nn.fedbabu import FedBABU
+from fedjax_rep.nn.fedcp import FedCP
 from fedjax_rep.nn.fedper import FedPer
 from fedjax_rep.nn.fedprox import FedProx
 from fedjax_rep.nn.fedrep import FedRep
+from fedjax_rep.nn.fedrod import FedRoD
 from fedjax_rep.nn.flute import Flute
 from fedjax_rep.nn.l2gd import L2GD
 from fedjax_rep.nn.lg_fedavg import LGFedAvg
@@ -64,6 +68,10 @@ for _name, _summary, _make in [
      "one global model", _maker(FedAvgSteps, ft_epochs=0)),
     ("d-sgd", "D-SGD (mini-batch SGD): FedAvg with one local step per round",
      _maker(FedAvgSteps, ft_epochs=0, local_steps=1)),
+    ("fedrod", "FedRoD: a generic model trained on the balanced softmax and averaged, plus a "
+     "personal head added to its logits", _maker(FedRoD)),
+    ("fedbabu", "FedBABU: FedAvg on the body under a frozen random head; each client "
+     "fine-tunes the model (ft_epochs) before it is tested", _maker(FedBABU)),
     ("fedrep-star", "FedRep* (FLUTE Sec. 7.2): FedRep with 10 head epochs per round",
      _maker(FedRep, head_epochs=STAR_HEAD_EPOCHS)),
     ("flute", "FLUTE (Alg. 2, Eq. 10): body and head trained together on CE + feature, head "
@@ -71,16 +79,21 @@ for _name, _summary, _make in [
      "cohort's heads", _maker(Flute, head_epochs=0)),
     ("flute-star", "FLUTE*: FLUTE's joint epochs, then 10 epochs of the head alone (body "
      "frozen)", _maker(Flute, head_epochs=STAR_HEAD_EPOCHS)),
+    ("fed-mtl", "Fed-MTL: personal models trained on CE + lambda (||W||^2 + tr(W Omega W^T)) "
+     "of the cohort's models W; nothing averaged", _maker(FedMTL)),
+    ("fedcp", "FedCP: a conditional policy splits each sample's features between a "
+     "personal and a global head; body, global head and policy averaged", _maker(FedCP)),
 ]:
   registry.register("neural", _name, _summary, _make)
 
 ALGORITHMS = registry.ALGORITHMS["neural"]
 # The baselines' hyperparameters, with their defaults (fields of the algorithms' classes).
-OPTIONS = {f.name: f.default for cls in (FedProx, Ditto, APFL, PerFedAvg, L2GD, Flute)
+OPTIONS = {f.name: f.default
+           for cls in (FedProx, Ditto, APFL, PerFedAvg, L2GD, Flute, FedMTL, FedBABU, FedCP)
            for f in dataclasses.fields(cls) if f.name in (
                "prox_mu", "ditto_lambda", "apfl_alpha", "maml_inner_lr", "l2gd_p",
                "l2gd_lambda", "flute_nc", "flute_head_norm", "flute_feature_norm",
-               "flute_server_lr")}
+               "flute_server_lr", "mtl_omega", "babu_ft_body", "fedcp_lambda")}
 
 
 def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
@@ -95,7 +108,7 @@ def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
   `cohort_groups` groups of clients and the client axis sharded over `devices` devices
   (`algorithm.Personalized`), and the baselines' `options` (each algorithm takes those it has: prox_mu, ditto_lambda,
   apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda, flute_nc, flute_head_norm,
-  flute_feature_norm, flute_server_lr)."""
+  flute_feature_norm, flute_server_lr, mtl_omega, babu_ft_body, fedcp_lambda)."""
   known = set(OPTIONS)
   if set(options) - known:
     raise ValueError(f"unknown options {sorted(set(options) - known)}; known: {sorted(known)}")

@@ -1,0 +1,130 @@
+"""Fed-MTL (Smith et al. 2017, MOCHA's objective) as FedRep's authors ran it (their
+main_mtl.py and models/Update.py::LocalUpdateMTL): every client keeps its whole model
+personal, trained with a regulariser that couples the cohort's models; nothing is averaged.
+
+In a round the cohort's m models, flattened (p parameters: all but an embedding
+'body/embed/...'), form W [p, m], fixed at the round's start. Client j trains its own
+model for `local_epochs` of SGD on
+
+  CE + lambda (||W||_F^2 + tr(W Omega W^T)),
+
+column j of W being its live parameters w_j, the other columns their round-start values.
+With Omega = a I_m + b 1 1^T, the regulariser is lambda ((1 + a) ||w_j||^2 + b ||s||^2) up
+to a constant, s = sum of W's columns = S - w_j(start) + w_j: the cohort couples through
+one sum S of its round-start models (`cohort_sum`, a psum when sharded). Clients are
+tested with their own model. Choices, and departures from the authors' code:
+
+- Omega (`mtl_omega`): the authors write omega = (I - 1 1^T / m) ** 2, an element-wise
+  square of a torch tensor. FedRep's main_mtl.py never defines I (the line raises
+  NameError as published); LG-FedAvg's main_mtl.py, which it is a copy of less that line,
+  and PFLlib's FedMTL set I = ones(m, m), so what ran is Omega = (1 - 1/m)^2 1 1^T ("ones",
+  the default: a = 0, b = (1 - 1/m)^2). "eye": I the identity, Omega with (1 - 1/m)^2 on
+  its diagonal and 1/m^2 off it (a = 1 - 2/m, b = 1/m^2). "centering": MOCHA's matrix
+  square, I - 1 1^T / m (a = 1, b = -1/m).
+- lambda: the traced `hparams.options["mtl_lambda"]`; absent, the authors' scale 10^-f,
+  f = floor(log10 p) + 2 (their `(int)(math.log10(p) + 1) + 1`).
+- The trace is over all p rows; the authors sum it over blocks of 4000 rows, which drops
+  the last p mod 4000 rows (||W||_F^2 they take whole).
+- m: the clients that train this round (the cohort less masked clients; a masked client
+  does not train, so it is not in W, as an unsampled one is not).
+- No weight decay, whatever `hparams.weight_decay` says: the authors put every regularised
+  parameter in their optimiser's no-weight-decay group. Momentum is `hparams.momentum`
+  (theirs: 0.5).
+- The embedding (Sent140's LSTM) is personal and trained but not in W. The authors drop the
+  first key of their model's state dict, which there is the LSTM's input kernel (their
+  GloVe table is a fixed tensor, not a parameter), and reset it to the initial model every
+  round.
+- The reported loss is the cross-entropy (the regulariser adds to the gradient only); the
+  authors report CE + regulariser. Their Sent140 runs average the clients' models into a
+  global one that evaluation then overwrites with each client's own: no effect, left out,
+  as is their extra last round in which every client trains.
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+from optax import tree_utils as otu
+
+from fedjax_rep.core import checks
+from fedjax_rep.core import tree
+from fedjax_rep.nn import params as params_lib
+from fedjax_rep.nn import train
+from fedjax_rep.nn.algorithm import Personalized
+
+EXCLUDED = "body/embed/"  # parameters outside W
+# What `client_update` finds in `shared`: 'cohort/<param>', the sum S of the cohort's
+# round-start models, and 'cohort_size', m.
+COHORT, COHORT_SIZE = "cohort/", "cohort_size"
+OMEGAS = ("ones", "eye", "centering")
+
+
+def regularised(flat: dict) -> dict:
+  """The parameters in W (all but the embedding's)."""
+  return {p: v for p, v in flat.items() if not p.startswith(EXCLUDED)}
+
+
+def omega_coefficients(omega: str, m):
+  """(a, b) of Omega = a I_m + b 1 1^T for `mtl_omega` omega and cohort size m."""
+  if omega == "eye":
+    return 1 - 2 / m, 1 / m**2
+  if omega == "ones":
+    return 0.0, (1 - 1 / m)**2
+  return 1.0, -1 / m
+
+
+def default_lambda(p: int) -> float:
+  """The authors' scale of the regulariser for p parameters in W: 10^-(floor(log10 p) + 2)."""
+  return 10.0**-(len(str(p)) + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class FedMTL(Personalized):
+  mtl_omega: str = "ones"
+  name: str = "fed-mtl"
+
+  def __post_init__(self):
+    if self.mtl_omega not in OMEGAS:
+      raise ValueError(f"mtl_omega must be one of {OMEGAS}, got {self.mtl_omega!r}")
+
+  def labels(self, flat):
+    return params_lib.all_personal(flat)
+
+  def check(self, data, hparams):
+    super().check(data, hparams)
+    lam = hparams.options.get("mtl_lambda")
+    if lam is not None and checks.concrete(lam) and not np.all(np.asarray(lam) >= 0):
+      raise ValueError(f"mtl_lambda = {lam} is out of range: it must be finite and >= 0; "
+                       f"pass hparams(..., mtl_lambda=...) >= 0, or none for the default")
+
+  def train_clients(self, state, key, data, hparams, rows, clients, mask=None):
+    """The base's, with the sum S of the training clients' round-start models and their
+    number m handed to `client_update` in `shared` (COHORT, COHORT_SIZE)."""
+    trains = jnp.ones(rows.shape) if mask is None else mask.astype(jnp.float32)
+    total, size = self.cohort_sum(regularised(tree.gather(state.personal, rows)), trains)
+    cohort = {**{COHORT + p: v for p, v in total.items()}, COHORT_SIZE: size}
+    trained, sent, weights, losses = super().train_clients(
+        state.replace(shared={**state.shared, **cohort}), key, data, hparams, rows, clients,
+        mask)
+    return trained.replace(shared=state.shared), sent, weights, losses
+
+  def regulariser(self, w: dict, others: dict, m, hparams):
+    """lambda (||W||_F^2 + tr(W Omega W^T)) as a function of one column w of W [p, m] (flat
+    params, those in W), up to a constant: `others` the sum of the other m - 1 columns."""
+    a, b = omega_coefficients(self.mtl_omega, m)
+    lam = hparams.options.get("mtl_lambda", default_lambda(sum(v.size for v in w.values())))
+    return lam * ((1 + a) * otu.tree_norm(w, squared=True)
+                  + b * otu.tree_norm(otu.tree_add(others, w), squared=True))
+
+  def client_update(self, shared, personal, x, y, count, key, hparams):
+    others = {p: shared[COHORT + p] - v for p, v in regularised(personal).items()}
+    m = jnp.maximum(shared[COHORT_SIZE], 1.0)  # 0 only where every client is masked
+
+    def loss(params, xb, yb, wb, k):
+      penalty = self.regulariser(regularised(params), others, m, hparams)
+      return self.loss(params, xb, yb, wb, k) + train.gradient_only(penalty)
+
+    no_decay = hparams.replace(weight_decay=jnp.zeros_like(hparams.weight_decay))
+    trained, mean_loss = self.sgd(loss, personal, x, y, count, key, no_decay,
+                                  self.local_epochs)
+    return {}, trained, mean_loss

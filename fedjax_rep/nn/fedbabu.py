@@ -1,0 +1,72 @@
+"""FedBABU (Oh, Kim & Yun, ICLR 2022, "FedBABU: Towards Enhanced Representation for Federated
+Image Classification"): FedAvg on the body only, under a head frozen at its random
+initialisation; every client fine-tunes the global model before it is tested.
+
+The server keeps one model. A sampled client trains its body for `local_epochs` with the
+head frozen and sends the body; the server averages the bodies weighted by sample counts.
+The head is never trained nor averaged: it keeps its initial bits (the model's own random
+initialisation, the same for all clients) for the whole run. Before it is tested (at every
+evaluation) each client fine-tunes the global model for `ft_epochs` on its own training
+data: body and head together (`babu_ft_body`, default True), or the head alone with the
+body frozen (False).
+
+The default fine-tunes the body too: the paper's fine-tuning updates the whole model, and
+PFLlib's clientbabu.py `fine_tune(which_module=['base', 'head'])` does the same by default
+(with fine_tuning_epochs = 10, our registry's default ft_epochs). PFLlib fine-tunes once,
+after the last round, each client's own copy of the model, whose body is the one it last
+received; here every evaluation fine-tunes from the server's current body. Fine-tuning is
+`train.sgd_epochs` from a fresh optimiser state, as every local phase here.
+
+New clients (`new_clients`) do as the clients do at evaluation: they fine-tune the global
+model, its frozen head included (not a head from zero: the body was trained for that head).
+"""
+
+import dataclasses
+
+import jax
+
+from fedjax_rep.nn import params as params_lib
+from fedjax_rep.nn.fedavg import FedAvg
+
+
+@dataclasses.dataclass(frozen=True)
+class FedBABU(FedAvg):
+  babu_ft_body: bool = True
+  name: str = "fedbabu"
+
+  def check(self, data, hparams):
+    super().check(data, hparams)
+    if not isinstance(self.babu_ft_body, bool):
+      raise ValueError(f"babu_ft_body={self.babu_ft_body!r} must be a bool: True fine-tunes "
+                       f"body and head before testing, False the head only")
+    if isinstance(self.ft_epochs, bool) or not isinstance(self.ft_epochs, int) or (
+        self.ft_epochs < 0):
+      raise ValueError(f"ft_epochs={self.ft_epochs!r} must be an integer >= 0: the epochs of "
+                       f"fine-tuning before testing (0: test the global model)")
+
+  def client_update(self, shared, personal, x, y, count, key, hparams):
+    body, head = params_lib.split(shared, params_lib.head_personal(shared))
+
+    def body_loss(params, xb, yb, wb, k):
+      return self.loss(params_lib.merge(params, head), xb, yb, wb, k)
+
+    body, loss = self.sgd(body_loss, body, x, y, count, key, hparams, self.local_epochs)
+    return body, personal, loss
+
+  def server_update(self, shared, sent, weights, num_clients):
+    """The count-weighted mean of the bodies the cohort sent; the head as it was."""
+    body, _ = params_lib.split(shared, params_lib.head_personal(shared))
+    return {**shared, **super().server_update(body, sent, weights, num_clients)}
+
+  def eval_params(self, shared, personal, x, y, count, key, hparams):
+    if not (self.babu_ft_body and self.ft_epochs):
+      return super().eval_params(shared, personal, x, y, count, key, hparams)
+    return self.sgd(self.loss, shared, x, y, count, key, hparams, self.ft_epochs)[0]
+
+  def new_clients(self, state, data, hparams, key, epochs: int) -> dict:
+    """Accuracy of new clients (`data`: their own train and test sets) that fine-tune the
+    global model for `epochs` as `evaluate`'s clients do (new client i with key
+    fold_in(key, i)), unsharded."""
+    fresh = state.replace(eval_key=jax.random.key_data(key))
+    tuning = dataclasses.replace(self, ft_epochs=epochs, devices=None, cohort_groups=None)
+    return tuning.evaluate(fresh, data, hparams)
