@@ -201,24 +201,12 @@ def masked_round(shared: dict, personal: list[dict], key, data, hp, clients, mas
   """One round: (shared, personal, train_loss), as nn_reference.masked_round: clients with
   mask True train (`client`, key fold_in(key, i)), the server takes the count-weighted mean
   of what they sent, they keep their new heads; train_loss the count-weighted mean CE."""
-  mask = [True] * len(clients) if mask is None else list(mask)
-  new_personal = [dict(p) for p in personal]
-  sent, counts, loss_sum = [], [], 0.0
-  for i, trains in zip(clients, mask):
-    i = int(i)
-    if not trains:
-      continue
-    count = int(data.counts[i])
-    client_sent, new_personal[i], loss = client(
-        shared, personal[i], np.asarray(data.x[i], np.float64), np.asarray(data.y[i]), count,
-        jax.random.fold_in(key, i), hp, epochs=local_epochs, batch_size=batch_size,
-        fedcp_lambda=fedcp_lambda)
-    sent.append(client_sent)
-    counts.append(count)
-    loss_sum += count * loss
-  total = sum(counts)
-  return (ref.server_update(shared, sent, counts, data.num_clients), new_personal,
-          (loss_sum / total if total > 0 else 0.0))
+  def one(own, x, y, count, client_key):
+    return client(shared, own, x, y, count, client_key, hp, epochs=local_epochs,
+                  batch_size=batch_size, fedcp_lambda=fedcp_lambda)
+
+  sent, counts, new_personal, loss = ref.train_cohort(one, personal, key, data, clients, mask)
+  return ref.server_update(shared, sent, counts, data.num_clients), new_personal, loss
 
 
 def test_logits(shared: dict, personal: dict, data, i: int, eval_key) -> np.ndarray:

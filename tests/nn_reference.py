@@ -341,6 +341,21 @@ def masked_round(name: str, shared: dict, personal: list[dict], key, data, hp, c
     return l2gd_round(shared, personal, key, data, hp, clients, mask,
                       local_epochs=local_epochs, batch_size=batch_size,
                       l2gd_p=options["l2gd_p"], l2gd_lambda=options["l2gd_lambda"])
+  def client(own, x, y, count, client_key):
+    return client_round(name, shared, own, x, y, count, client_key, hp,
+                        local_epochs=local_epochs, head_epochs=head_epochs,
+                        batch_size=batch_size, **options)
+
+  sent, counts, new_personal, loss = train_cohort(client, personal, key, data, clients, mask)
+  return server_update(shared, sent, counts, data.num_clients), new_personal, loss
+
+
+def train_cohort(client, personal: list[dict], key, data, clients, mask=None):
+  """(what the trained clients sent [dicts], their counts, every client's personal params,
+  train_loss): clients `clients` with mask True (None: all) train, client i as
+  client(personal[i], x_i [m, ...] float64, y_i [m], count_i, fold_in(key, i)) -> (sent,
+  its new personal params, its mean loss); the others keep theirs. train_loss: the
+  count-weighted mean of the trained clients' losses (0 if none)."""
   mask = [True] * len(clients) if mask is None else list(mask)
   new_personal = [dict(p) for p in personal]
   sent, counts, loss_sum = [], [], 0.0
@@ -349,16 +364,14 @@ def masked_round(name: str, shared: dict, personal: list[dict], key, data, hp, c
     if not trains:
       continue
     count = int(data.counts[i])
-    client_sent, new_personal[i], loss = client_round(
-        name, shared, personal[i], np.asarray(data.x[i], np.float64), np.asarray(data.y[i]),
-        count, jax.random.fold_in(key, i), hp, local_epochs=local_epochs,
-        head_epochs=head_epochs, batch_size=batch_size, **options)
+    client_sent, new_personal[i], loss = client(
+        personal[i], np.asarray(data.x[i], np.float64), np.asarray(data.y[i]), count,
+        jax.random.fold_in(key, i))
     sent.append(client_sent)
     counts.append(count)
     loss_sum += count * loss
   total = sum(counts)
-  return (server_update(shared, sent, counts, data.num_clients), new_personal,
-          (loss_sum / total if total > 0 else 0.0))
+  return sent, counts, new_personal, (loss_sum / total if total > 0 else 0.0)
 
 
 def l2gd_averages(key, l2gd_p: float) -> bool:

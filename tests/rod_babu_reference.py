@@ -113,24 +113,14 @@ def masked_round(name: str, shared: dict, personal: list[dict], key, data, hp, c
   `ref.masked_round`: clients where mask is True train with key fold_in(key, i), the
   server count-averages what they sent (FedBABU: the bodies; its head is kept), the
   train_loss is the count-weighted mean of their losses (0 if none)."""
-  mask = [True] * len(clients) if mask is None else list(mask)
-  new_personal = [dict(p) for p in personal]
-  sent, counts, loss_sum = [], [], 0.0
-  for i, trains in zip(clients, mask):
-    i = int(i)
-    if not trains:
-      continue
-    count = int(data.counts[i])
-    client_sent, new_personal[i], loss = CLIENTS[name](
-        shared, personal[i], np.asarray(data.x[i], np.float64), np.asarray(data.y[i]), count,
-        jax.random.fold_in(key, i), hp, epochs=local_epochs, batch_size=batch_size)
-    sent.append(client_sent)
-    counts.append(count)
-    loss_sum += count * loss
+  def one(own, x, y, count, client_key):
+    return CLIENTS[name](shared, own, x, y, count, client_key, hp, epochs=local_epochs,
+                         batch_size=batch_size)
+
+  sent, counts, new_personal, loss = ref.train_cohort(one, personal, key, data, clients, mask)
   averaged = ref.server_update({p: shared[p] for p in sent[0]} if sent else {}, sent, counts,
                                data.num_clients)
-  total = sum(counts)
-  return ({**shared, **averaged}, new_personal, loss_sum / total if total > 0 else 0.0)
+  return {**shared, **averaged}, new_personal, loss
 
 
 def fine_tuned(shared: dict, data, i: int, hp, *, ft_epochs: int, ft_body: bool, eval_key,

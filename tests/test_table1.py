@@ -25,8 +25,12 @@ def table_by(rows, config, dataset, settings):
 def test_paper_table_has_every_algorithm_and_column():
   assert len(table1.PAPER) == 7
   for column in table1.PAPER.values():
-    assert set(column) == set(table1.ALGORITHMS)
+    assert set(column) == set(table1.PAPER_ALGORITHMS) == set(table1.ALGORITHMS) - {"fedbabu"}
     assert all(0 < v < 1 for v in column.values())
+  assert table1.paper_accuracy("femnist", {"num_clients": 150, "classes_per_client": 3},
+                               "fed-mtl") == pytest.approx(0.5411)
+  assert table1.paper_accuracy("cifar10", {"num_clients": 100, "classes_per_client": 2},
+                               "fedbabu") is None
   assert table1.paper_accuracy("cifar10", {"num_clients": 1000, "classes_per_client": 2},
                                "fedrep") == pytest.approx(0.8327)
   assert table1.paper_accuracy("sent140", {"num_clients": 183}, "fedper") == pytest.approx(
@@ -57,12 +61,26 @@ def test_without_data_the_run_stops_at_once_with_the_command(recipe, env, comman
     ("table1-synthetic", ["alpha=0,1"], "alpha and beta pair up"),
     ("table1-synthetic", ["algorithms=fedrep,fedmtl"], "algorithms='fedmtl' is out of range"),
     ("table1-synthetic", ["l2gd_p=1"], "l2gd_p=1.0 is out of range"),
+    ("table1-synthetic", ["mtl_lambda=-1"], r"mtl_lambda=-1.0 is out of range: mtl_lambda must "
+                                            r"be a number in \[0, inf\) or auto"),
+    ("table1-synthetic", ["mtl_lambda=big"], "'big' is not valid"),
+    ("table1-synthetic", ["mtl_omega=identity"], "mtl_omega='identity' is out of range"),
+    ("flute-table1", ["fedcp_lambda=-1"], "fedcp_lambda=-1.0 is out of range"),
     ("fedrep-table1-cifar10", ["num_clients=100", "source=mock"], "num_clients and "
                                                                   "classes_per_client pair up"),
 ])
-def test_config_errors(recipe, items, pattern):
+def test_config_errors(recipe, items, pattern, compiles):
   with pytest.raises(cfg.ConfigError, match=pattern):
     fr.run_recipe(recipe, overrides=items, progress=False)
+  assert compiles.count == 0
+
+
+def test_mtl_lambda_is_a_traced_option_or_the_algorithms_default():
+  from fedjax_rep.recipes import nn_common, table1_synthetic
+  config = cfg.override(table1_synthetic.Config(), ["mtl_lambda=auto"])
+  assert config.mtl_lambda is None and nn_common.hparams(config).options == {}
+  config = cfg.override(config, ["mtl_lambda=0.02"])
+  assert float(nn_common.hparams(config).options["mtl_lambda"]) == pytest.approx(0.02)
 
 
 @pytest.mark.slow

@@ -18,7 +18,8 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-  """A valid range: numbers in [low, high] (open ends where `open_*`), or one of `choices`."""
+  """A valid range: numbers in [low, high] (open ends where `open_*`), or one of `choices`;
+  with `optional`, also None ('auto' on the command line: the algorithm's own default)."""
   kind: type
   low: float | None = None
   high: float | None = None
@@ -26,6 +27,7 @@ class Check:
   open_high: bool = False
   choices: tuple | None = None
   sequence: bool = False
+  optional: bool = False
 
   def describe(self) -> str:
     if self.choices is not None:
@@ -37,9 +39,13 @@ class Check:
                  ")" if self.open_high or self.high is None else "]")
       noun = "an integer" if self.kind is int else "a number"
       text = f"{noun} in {bracket[0]}{low}, {high}{bracket[1]}"
+    if self.optional:
+      text += " or auto (the algorithm's default)"
     return ("a comma-separated list, each " + text) if self.sequence else text
 
   def ok(self, value) -> bool:
+    if value is None:
+      return self.optional
     if self.choices is not None:
       return value in self.choices
     if self.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
@@ -70,6 +76,11 @@ def nonnegative_float(help, default):
   return setting(default, Check(float, low=0.0), help)
 
 
+def optional_nonnegative_float(help):
+  """A number >= 0, or None (auto: the algorithm's default), None by default."""
+  return setting(None, Check(float, low=0.0, optional=True), help)
+
+
 def fraction(help, default):
   return setting(default, Check(float, low=0.0, high=1.0, open_low=True), help)
 
@@ -82,7 +93,9 @@ def fields(config_type) -> dict[str, dataclasses.Field]:
   return {f.name: f for f in dataclasses.fields(config_type)}
 
 
-def _parse_one(item: str, kind: type):
+def _parse_one(item: str, kind: type, optional: bool = False):
+  if optional and item == "auto":
+    return None
   if kind is str:
     return item
   number = float(item)
@@ -119,7 +132,7 @@ def _parse(key: str, text: str, check: Check, option: str = "--set"):
   values = []
   for item in items:
     try:
-      values.append(_parse_one(item, check.kind))
+      values.append(_parse_one(item, check.kind, check.optional))
     except (ValueError, OverflowError):
       raise ConfigError(f"{option} {key}={text}: {item!r} is not valid; {key} must be "
                         f"{each.describe()}") from None

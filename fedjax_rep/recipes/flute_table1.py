@@ -1,6 +1,7 @@
 """flute-table1: FLUTE's Table 1 (Liu, Shen, Yang, ICML 2024, Section 6): general FLUTE
-and FLUTE* against FedRep, FedRep*, FedPer, LG-FedAvg, FedAvg and FedAvg-FT, test accuracy
-and the neural-collapse metrics (Global NC2, Averaged Local NC2) of FLUTE's App. C.2.
+and FLUTE* against FedRep, FedRep*, FedRoD, FedCP, FedPer, LG-FedAvg, FedAvg and FedAvg-FT
+(and FedBABU, not in the paper), test accuracy and the neural-collapse metrics (Global
+NC2, Averaged Local NC2) of FLUTE's App. C.2.
 
 Partitions (M clients, m class shards each, FedRep's scheme as FLUTE's code: `partition.classes`): CIFAR-10 (50, 2), (50, 5),
 (100, 2), (100, 5) and CIFAR-100 (100, 5), (100, 10), (100, 20), (100, 40) from the
@@ -12,7 +13,8 @@ Epochs as FLUTE's Sec. 7.2 on CIFAR-10: FedRep 1 head + 1 body epoch (`head_epoc
 (on CIFAR-100 the paper uses 5 where CIFAR-10 has 1: `--set local_epochs=5
 --set head_epochs=5`, and `--set num_clients=100,100,100,100 --set
 classes_per_client=5,10,20,40` for its partitions); FedPer, LG-FedAvg and FedAvg
-`local_epochs`; FedAvg-FT fine-tunes the head for `head_epochs` before testing.
+`local_epochs`, as do FedRoD, FedCP and FedBABU's body; FedAvg-FT fine-tunes the head
+and FedBABU the whole model for `head_epochs` before testing.
 `--quick` runs on scikit-learn's digits (offline): 20 clients with 2 and 5 classes each.
 table1.csv has FLUTE's Table 1 number beside the measured one where the paper has it.
 """
@@ -27,11 +29,12 @@ from fedjax_rep.recipes import fedrep_table1
 from fedjax_rep.recipes import table1_common as table1
 from fedjax_rep.recipes.registry import Recipe, register
 
-ALGORITHMS = ("fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedrep", "fedrep-star", "flute",
-              "flute-star")
-LABELS = {**table1.LABELS, "fedrep-star": "FedRep*", "flute": "FLUTE", "flute-star": "FLUTE*"}
+ALGORITHMS = ("fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedrep", "fedrep-star", "fedrod",
+              "fedcp", "flute", "flute-star", "fedbabu")
+LABELS = {**table1.LABELS, "fedrep-star": "FedRep*", "fedrod": "FedRoD", "fedcp": "FedCP",
+          "flute": "FLUTE", "flute-star": "FLUTE*"}
 
-# FLUTE Table 1, test accuracy in % (FedRoD and FedCP are not simulated).
+# FLUTE Table 1, test accuracy in % (FedBABU is not in it).
 _COLUMNS = (("cifar10", 50, 2), ("cifar10", 50, 5), ("cifar10", 100, 2), ("cifar10", 100, 5),
             ("cifar100", 100, 5), ("cifar100", 100, 10), ("cifar100", 100, 20),
             ("cifar100", 100, 40))
@@ -42,6 +45,8 @@ _TABLE = {
     "fedper": (85.173, 74.015, 86.168, 73.666, 76.001, 67.100, 56.066, 44.689),
     "fedrep": (86.133, 71.737, 86.685, 73.808, 78.621, 68.530, 56.360, 43.061),
     "fedrep-star": (87.320, 75.766, 87.177, 75.296, 78.892, 68.630, 56.654, 42.025),
+    "fedrod": (79.476, 68.728, 83.296, 72.116, 74.299, 66.462, 57.280, 48.120),
+    "fedcp": (85.361, 71.603, 84.798, 71.344, 74.266, 66.426, 57.067, 43.638),
     "flute": (87.012, 76.478, 86.128, 76.918, 77.750, 70.598, 59.243, 48.169),
     "flute-star": (87.713, 76.543, 88.567, 78.255, 79.560, 70.844, 59.714, 48.170),
 }
@@ -75,6 +80,9 @@ class Config(fedrep_table1.ShardConfig):
   flute_server_lr: float = cfg.nonnegative_float(
       "FLUTE's server step on the cohort's heads' mean NC term",
       nn_registry.OPTIONS["flute_server_lr"])
+  fedcp_lambda: float = cfg.nonnegative_float(
+      "FedCP's weight of the MMD between the local and the round's global features",
+      nn_registry.OPTIONS["fedcp_lambda"])
 
   def check(self):
     table1.check_paired(self, "num_clients", "classes_per_client")
@@ -109,8 +117,8 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="flute-table1",
-    summary="FLUTE Table 1: FLUTE, FLUTE*, FedRep, FedRep*, FedPer, LG-FedAvg, FedAvg(-FT) on "
-            "CIFAR-10/100 partitions (tfds files; --quick: digits)",
+    summary="FLUTE Table 1: FLUTE, FLUTE*, FedRep, FedRep*, FedRoD, FedCP, FedPer, LG-FedAvg, "
+            "FedAvg(-FT), + FedBABU on CIFAR-10/100 partitions (tfds files; --quick: digits)",
     config=Config,
     quick={"dataset": "digits", "num_clients": (20, 20), "classes_per_client": (2, 5),
            "rounds": 40, "eval_every": 2, "lr": 0.05, "client_group": 1},

@@ -89,7 +89,11 @@ class Training:
 
 
 def hparams(config) -> hparams_lib.NNHparams:
-  return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay)
+  """The traced hyperparameters of `config`: lr, momentum, weight decay, and the algorithms'
+  traced options (`hparams.OPTIONS`) that config sets (None: the algorithm's default)."""
+  options = {k: getattr(config, k) for k in hparams_lib.OPTIONS
+             if getattr(config, k, None) is not None}
+  return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay, **options)
 
 
 def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_every,

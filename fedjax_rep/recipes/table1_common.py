@@ -14,24 +14,27 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.data import federated
+from fedjax_rep.nn import fed_mtl
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import nn_common as common
 from fedjax_rep.recipes import plotting
 
-# The rows of FedRep's Table 1 in its order (Fed-MTL, which needs a task-relationship
-# solver, is not simulated).
-ALGORITHMS = ("local", "fedavg", "fedavg-ft", "fedprox", "fedprox-ft", "scaffold",
-              "scaffold-ft", "per-fedavg", "lg-fedavg", "l2gd", "apfl", "ditto", "fedper",
-              "fedrep")
+# The rows of FedRep's Table 1 in its order, then rows the paper does not have (EXTRA:
+# FedBABU, a body-only baseline reported beside FedRep by later papers).
+PAPER_ALGORITHMS = ("local", "fedavg", "fedavg-ft", "fedprox", "fedprox-ft", "scaffold",
+                    "scaffold-ft", "fed-mtl", "per-fedavg", "lg-fedavg", "l2gd", "apfl",
+                    "ditto", "fedper", "fedrep")
+EXTRA = ("fedbabu",)
+ALGORITHMS = PAPER_ALGORITHMS + EXTRA
 LABELS = {"local": "Local only", "fedavg": "FedAvg", "fedavg-ft": "FedAvg + FT",
           "fedprox": "FedProx", "fedprox-ft": "FedProx + FT", "scaffold": "SCAFFOLD",
-          "scaffold-ft": "SCAFFOLD + FT", "per-fedavg": "Per-FedAvg", "lg-fedavg": "LG-FedAvg",
-          "l2gd": "L2GD", "apfl": "APFL", "ditto": "Ditto", "fedper": "FedPer",
-          "fedrep": "FedRep"}
+          "scaffold-ft": "SCAFFOLD + FT", "fed-mtl": "Fed-MTL", "per-fedavg": "Per-FedAvg",
+          "lg-fedavg": "LG-FedAvg", "l2gd": "L2GD", "apfl": "APFL", "ditto": "Ditto",
+          "fedper": "FedPer", "fedrep": "FedRep", "fedbabu": "FedBABU (not in paper)"}
 
 # FedRep Table 1 (Collins et al. 2021), test accuracy in %, one column per
-# (dataset, n, S); the algorithms in ALGORITHMS order.
+# (dataset, n, S); the algorithms in PAPER_ALGORITHMS order.
 _COLUMNS = (("cifar10", 100, 2), ("cifar10", 100, 5), ("cifar10", 1000, 2),
             ("cifar100", 100, 5), ("cifar100", 100, 20), ("sent140", 183, 2),
             ("femnist", 150, 3))
@@ -43,6 +46,7 @@ _TABLE = (
     (85.81, 72.75, 75.41, 78.52, 55.09, 71.21, 53.54),  # FedProx + FT
     (37.72, 47.33, 33.79, 20.32, 22.52, 51.31, 17.65),  # SCAFFOLD
     (86.35, 68.23, 78.24, 78.88, 44.34, 71.49, 52.11),  # SCAFFOLD + FT
+    (80.46, 58.31, 76.53, 71.47, 41.25, 71.20, 54.11),  # Fed-MTL
     (82.27, 67.20, 67.36, 72.05, 52.49, 68.45, 71.51),  # Per-FedAvg
     (84.14, 63.02, 77.48, 72.44, 38.76, 70.37, 62.08),  # LG-FedAvg
     (81.04, 59.98, 71.96, 72.13, 42.84, 70.67, 66.18),  # L2GD
@@ -51,7 +55,7 @@ _TABLE = (
     (87.13, 73.84, 81.73, 76.00, 55.68, 72.12, 76.91),  # FedPer
     (87.70, 75.68, 83.27, 79.15, 56.10, 72.41, 78.56),  # FedRep
 )
-PAPER = {column: {name: row[j] / 100 for name, row in zip(ALGORITHMS, _TABLE)}
+PAPER = {column: {name: row[j] / 100 for name, row in zip(PAPER_ALGORITHMS, _TABLE)}
          for j, column in enumerate(_COLUMNS)}
 
 
@@ -91,6 +95,12 @@ class Fields(common.Training):
   l2gd_lambda: float = cfg.nonnegative_float(
       "L2GD's penalty lambda on the distance to the mean model",
       nn_registry.OPTIONS["l2gd_lambda"])
+  mtl_lambda: float | None = cfg.optional_nonnegative_float(
+      "Fed-MTL's regulariser weight lambda (traced; auto: the authors' 10^-(floor(log10 p) + "
+      "2) for the model's p parameters)")
+  mtl_omega: str = cfg.choice("Fed-MTL's Omega: ones (what the authors' code ran), eye "
+                              "(identity-based), centering (MOCHA's I - 11^T/m)",
+                              nn_registry.OPTIONS["mtl_omega"], fed_mtl.OMEGAS)
 
 
 def source():
