@@ -11,7 +11,8 @@ slowly on 8x8 inputs), 100 rounds. FedAvg-FT fine-tunes the head for `head_epoch
 epochs before each evaluation; local only trains a client whenever it is sampled, so it
 sees as many epochs as the federated clients. Accuracy is the mean over clients of each
 client's test accuracy with its own parameters, every `eval_every` rounds; the summary is
-the mean over the last 10 evaluations.
+the mean over the last 10 evaluations. `--set algorithms=...` takes any neural algorithm
+of the registry (`fedjax-rep list`), with its options' defaults.
 """
 
 import dataclasses
@@ -67,18 +68,19 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
 
 
 LABELS = {"fedrep": "FedRep", "fedper": "FedPer", "lg-fedavg": "LG-FedAvg",
-          "fedavg": "FedAvg", "fedavg-ft": "FedAvg + FT", "local": "Local only"}
+          "fedavg": "FedAvg", "fedavg-ft": "FedAvg + FT", "local": "Local only",
+          "fed-mtl": "Fed-MTL", "fedrod": "FedRoD", "fedcp": "FedCP", "fedbabu": "FedBABU"}
 
 
 def plot(rows, config: Config, file) -> None:
   fig, (acc, loss) = plotting.figure(2, width=5.2, height=3.8)
   for name in config.algorithms:
-    plotting.line(acc, rows, "round", "test_accuracy", LABELS[name], algorithm=name)
-    plotting.line(loss, rows, "round", "train_loss", LABELS[name], algorithm=name)
+    plotting.line(acc, rows, "round", "test_accuracy", LABELS.get(name, name), algorithm=name)
+    plotting.line(loss, rows, "round", "train_loss", LABELS.get(name, name), algorithm=name)
   acc.set(xlabel="communication round", ylabel="test accuracy (mean over clients)")
   loss.set(xlabel="communication round", ylabel="local training loss", yscale="log")
   acc.legend(fontsize=8, loc="lower right")
-  split = (f"{config.classes_per_client} classes/client" if config.partition == "classes"
+  split = (f"{config.classes_per_client} class shards/client" if config.partition == "classes"
            else f"Dir({config.dirichlet_alpha})" if config.partition == "dirichlet" else "iid")
   fig.suptitle(f"digits, {config.model}: n={config.num_clients}, {split}, "
                f"r={config.participation}, {config.head_epochs}+{config.local_epochs} epochs")

@@ -66,7 +66,9 @@ def client_group(default=10):
 
 
 def algorithms(default=ALGORITHMS):
-  return cfg.choice("algorithms to compare", default, ALGORITHMS, sequence=True)
+  """The algorithms to compare: any of the neural registry's (default: ALGORITHMS)."""
+  return cfg.choice("algorithms to compare", default, tuple(nn_registry.ALGORITHMS),
+                    sequence=True)
 
 
 @dataclasses.dataclass(frozen=True)
