@@ -78,15 +78,21 @@ def loss_and_grads(params: dict, x: np.ndarray, y: np.ndarray):
   dlogits = softmax(logits)
   dlogits[np.arange(b), y] -= 1.0
   dlogits /= b
-  grads = {}
-  dout = dlogits
+  return cross_entropy(logits, y), backward(params, cache, dlogits)
+
+
+def backward(params: dict, cache: list, dlogits: np.ndarray) -> dict:
+  """The gradient (a dict like params) of a loss whose gradient w.r.t. the logits of
+  `forward(params, x)` (its `cache`) is dlogits [b, C]: backprop through the head and the
+  ReLU layers."""
+  grads, dout = {}, dlogits
   for layer, h, z in reversed(cache):
     if z is not None:  # a body layer: through its ReLU first
       dout = dout * (z > 0)
     grads[layer + "/kernel"] = h.T @ dout
     grads[layer + "/bias"] = dout.sum(axis=0)
     dout = dout @ params[layer + "/kernel"].T
-  return cross_entropy(logits, y), grads
+  return grads
 
 
 def accuracy(params: dict, x: np.ndarray, y: np.ndarray) -> float:

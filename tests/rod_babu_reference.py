@@ -23,19 +23,6 @@ import nn_reference as ref
 PERSONAL = "personal/"
 
 
-def backward(params: dict, cache: list, dlogits: np.ndarray) -> dict:
-  """The gradient (a dict over the model's params) of a loss whose gradient w.r.t. the
-  logits of `ref.forward(params, x)` (its `cache`) is dlogits [b, C]."""
-  grads, dout = {}, dlogits
-  for layer, h, z in reversed(cache):
-    if z is not None:  # a body layer: through its ReLU first
-      dout = dout * (z > 0)
-    grads[layer + "/kernel"] = h.T @ dout
-    grads[layer + "/bias"] = dout.sum(axis=0)
-    dout = dout @ params[layer + "/kernel"].T
-  return grads
-
-
 def one_hot(y: np.ndarray, num_classes: int) -> np.ndarray:
   return np.eye(num_classes)[y]
 
@@ -47,7 +34,7 @@ def balanced_loss_and_grads(model: dict, x, y, counts: np.ndarray):
   with np.errstate(divide="ignore"):
     shifted = logits + np.log(counts)
   dlogits = (ref.softmax(shifted) - one_hot(y, logits.shape[1])) / len(y)
-  return ref.cross_entropy(shifted, y), backward(model, cache, dlogits)
+  return ref.cross_entropy(shifted, y), ref.backward(model, cache, dlogits)
 
 
 def personal_head(personal: dict) -> dict:

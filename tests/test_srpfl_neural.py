@@ -128,7 +128,8 @@ def test_datasets_with_files_give_s_classes_per_client(dataset, shape, labels, m
   for seed in range(2):
     for i in range(10):
       y = np.asarray(data.y[seed, i, :int(data.counts[seed, i])])
-      assert 1 <= len(np.unique(y)) <= setting["classes_per_client"] and y.max() < setting["classes"]
+      assert 1 <= len(np.unique(y)) <= setting["classes_per_client"]
+      assert y.max() < setting["classes"]
   if dataset == "femnist":
     assert int(data.counts[0].sum()) == 10 * srpfl_neural.FEMNIST_SAMPLES
 

@@ -4,8 +4,9 @@ neural demo): FedRep vs FedPer vs LG-FedAvg vs FedAvg vs FedAvg-FT vs local only
 Data: scikit-learn's digits (1,797 8x8 images, 10 classes), 25% of each class held out
 for testing, split over 50 clients with 2 class shards each (FedRep's shard scheme,
 `partition.classes`: random class pairs, a client may draw one class twice; each client's
-test samples come from its own classes; `partition=dirichlet|iid` for the others). Our choices, in the spirit of FedRep's CIFAR setting (Section 5.2: r = 0.1,
-10 head epochs + 1 body epoch, SGD with momentum 0.5, weight decay 1e-4, batch 10):
+test samples come from its own classes; `partition=dirichlet|iid` for the others). Our
+choices, in the spirit of FedRep's CIFAR setting (Section 5.2: r = 0.1, 10 head epochs +
+1 body epoch, SGD with momentum 0.5, weight decay 1e-4, batch 10):
 the small MLP 64-64-32 + head (`model=digits-cnn` for a CNN), lr 0.05 (0.01 learns
 slowly on 8x8 inputs), 100 rounds. FedAvg-FT fine-tunes the head for `head_epochs`
 epochs before each evaluation; local only trains a client whenever it is sampled, so it

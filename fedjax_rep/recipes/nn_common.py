@@ -20,8 +20,9 @@ LAST_EVALUATIONS = 10  # the papers' accuracy: the mean over the last 10 evaluat
 
 
 def partition(default="classes"):
-  return cfg.choice("how samples are split over clients: S class shards each (FedRep's), Dirichlet label "
-                    "proportions, or iid", default, tuple(partition_lib.PARTITIONS))
+  return cfg.choice("how samples are split over clients: S class shards each (FedRep's), "
+                    "Dirichlet label proportions, or iid", default,
+                    tuple(partition_lib.PARTITIONS))
 
 
 def classes_per_client(default):
