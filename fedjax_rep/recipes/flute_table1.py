@@ -4,10 +4,11 @@ and FLUTE* against FedRep, FedRep*, FedRoD, FedCP, FedPer, LG-FedAvg, FedAvg and
 NC2, Averaged Local NC2) of FLUTE's App. C.2.
 
 Partitions (M clients, m class shards each: FedRep's scheme, which FLUTE's code reuses,
-`partition.classes`): CIFAR-10 (50, 2), (50, 5), (100, 2), (100, 5) and CIFAR-100 (100, 5),
-(100, 10), (100, 20), (100, 40) from the tensorflow-datasets files (`dataset=cifar10|cifar100`; a missing dataset stops the run
-before any work with the command that prepares it), FedRep's CNNs. FedRep's schedule
-otherwise (r = 0.1, SGD lr 0.01, momentum 0.5, weight decay 1e-4, batch 10, 100 rounds).
+`partition.classes`): CIFAR-10 (50, 2), (50, 5), (100, 2), (100, 5) and CIFAR-100 (100,
+5), (100, 10), (100, 20), (100, 40) from the tensorflow-datasets files
+(`dataset=cifar10|cifar100`; a missing dataset stops the run before any work with the
+command that prepares it), FedRep's CNNs. FedRep's schedule otherwise (r = 0.1, SGD lr
+0.01, momentum 0.5, weight decay 1e-4, batch 10, 100 rounds).
 Epochs as FLUTE's Sec. 7.2 on CIFAR-10: FedRep 1 head + 1 body epoch (`head_epochs`,
 `local_epochs`), FedRep* 10 head + 1 body, FLUTE 1 joint epoch, FLUTE* 1 joint + 10 head
 (on CIFAR-100 the paper uses 5 where CIFAR-10 has 1: `--set local_epochs=5
