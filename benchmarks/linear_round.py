@@ -11,8 +11,8 @@ round), the same distribution of the round's outputs.
 Three implementations of that round, timed in the same process after warm-up/compilation:
   jax      fedjax_rep's `fr.run` (rounds under lax.scan in jit; it also records the train loss
            and the principal angle every round); with fixed data and fresh-statistics once per
-           `--kernels` entry: "xla" (blocks of XLA ops) and "native" (the C++ kernels
-           `linear.native_round`);
+           `--kernels` entry: "xla" (blocks of XLA ops) and "native" (the opt-in C++
+           kernels `fedjax_rep.native.fedrep_round`);
   loop     a plain numpy loop over clients (timed on a subset of clients when n is large and
            extrapolated linearly in n);
   batched  numpy on [n, m, d] arrays at once (BLAS matmuls, batched np.linalg.solve).

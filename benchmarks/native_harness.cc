@@ -1,4 +1,4 @@
-// The C++ FedRep round kernels (fedjax_rep/linear/fedrep_round.cc) timed outside XLA: the
+// The C++ FedRep round kernels (fedjax_rep/native/fedrep_round.cc) timed outside XLA: the
 // same chunks on std::threads instead of XLA's pool, so their time can be split from the
 // call's and compared with the data in cache.
 //
@@ -14,7 +14,7 @@
 //   fixed, in cache  the same work as n / 1,000 passes over 1,000 clients' data (2 MB), the
 //                    threads taking passes in turn: the kernel's compute alone;
 //   fresh            the fresh-statistics round (p = 2k = 10), its samples drawn in cache.
-#include "../fedjax_rep/linear/fedrep_round.cc"
+#include "../fedjax_rep/native/fedrep_round.cc"
 
 #include <chrono>
 #include <cstdio>

@@ -5,13 +5,15 @@
 
 Each repeat starts from a new, empty cache directory ($FEDJAX_REP_CACHE) and times three
 runs, each a new process timed whole (interpreter start included):
-  cold         empty cache: every program is traced and compiled, then stored;
-  warm         the same cache again: the stored executables run, nothing is traced or
-               compiled;
+  cold         empty cache: every program is traced and compiled, then stored in JAX's
+               persistent compilation cache;
+  warm         the same cache again: the programs are traced and loaded from the cache,
+               nothing is compiled;
   no cache     `--no-compile-cache`: everything compiled, nothing stored.
 Every run's metrics.csv must equal the cold run's byte for byte (the script stops if not).
 Each repeat also times the floor of any run, a process that only imports jax and starts its
-backend (`python -c FLOOR`): the host's speed, to compare runs measured on different days.
+backend (`python -c FLOOR`): the host's speed, to compare runs measured on different days;
+each repeat's warm run over its floor is printed as `warm over floor`.
 The load average is printed before each repeat: on a shared machine, compare times within
 one repeat.
 
@@ -143,7 +145,8 @@ def main():
       load = os.getloadavg()[0]
       seconds, diff = repeat(args.recipe, args.quick, work, baseline)
       rows.append({"recipe": args.recipe, "quick": args.quick, "repeat": i, "load": load,
-                   **{f"{way} s": s for way, s in seconds.items()}})
+                   **{f"{way} s": s for way, s in seconds.items()},
+                   "warm over floor": seconds["warm"] / seconds["floor"]})
       if baseline is not None:
         rows[-1].update({"baseline": args.baseline, "baseline over cold": seconds["baseline"] /
                          seconds["cold"], "baseline over warm": seconds["baseline"] /
@@ -159,6 +162,8 @@ def main():
   for way in ways:
     print(f"{way:<18} " + " ".join(f"{r[f'{way} s']:7.2f}" for r in rows) +
           f" {best[way]:7.2f}")
+  print(f"{'warm over floor':<18} " + " ".join(f"{r['warm over floor']:7.2f}" for r in rows)
+        + f" {best['warm'] / best['floor']:7.2f}")
   if baseline is not None:  # the ratio of one repeat's times; best: of the best times
     for way in ("cold", "warm"):
       print(f"{'baseline over ' + way:<18} " + " ".join(

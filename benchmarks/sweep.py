@@ -13,7 +13,7 @@ included):
                            machine): timed on --processes of them, extrapolated to S x L;
   processes, stored        the same with the compilation cache on (a new cache directory):
                            the first process compiles and stores the programs, the others
-                           load them (`core/executables.py`); the first plus the mean of
+                           load them (JAX's persistent cache); the first plus the mean of
                            --processes more, extrapolated to the other S x L - 1;
   grid, API                `fr.run_recipe(..., grid={"lr": [...]})` (no files);
   singles, API             one process calling `fr.run_recipe(..., seeds=1)` per (seed, lr):

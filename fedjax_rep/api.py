@@ -30,9 +30,9 @@ from fedjax_rep.linear.memory import check as check_memory
 from fedjax_rep.linear.memory import estimate as estimate_memory
 from fedjax_rep.linear.local import fine_tune_error, local_models, new_client_error
 from fedjax_rep.linear.metrics import mean_squared_error, model_error, principal_angle
-from fedjax_rep.linear.problem import (FixedData, FreshData, LinearProblem, PopulationData,
-                                       Targets, client_data, make_fixed_data, make_problem,
-                                       sample, sample_clients)
+from fedjax_rep.linear.data_modes import (FixedData, FreshData, PopulationData, Targets,
+                                          client_data, make_fixed_data)
+from fedjax_rep.linear.problem import LinearProblem, make_problem, sample, sample_clients
 from fedjax_rep.linear.underparam import make_models, rank_k_error, spectrum, top_subspace
 from fedjax_rep.linear.underparam import make_data as make_underparam_data
 from fedjax_rep.linear.registry import make_algorithm

@@ -2,7 +2,6 @@
 settings with `--grid KEY=V1,V2,...`), check `data`."""
 
 import argparse
-import contextlib
 import csv
 import os
 import shlex
@@ -119,20 +118,18 @@ def main(argv=None) -> int:
   if args.command == "data":
     _data()
     return 0
-  from fedjax_rep.core import compile_cache, executables
+  from fedjax_rep.core import compile_cache
   from fedjax_rep.data.missing import DataMissing
   from fedjax_rep.recipes import config as cfg
-  from fedjax_rep.recipes import outputs, registry
+  from fedjax_rep.recipes import outputs
+  from fedjax_rep.recipes import registry
   try:
     recipe, what = _what_to_run(args)
-    store = contextlib.nullcontext()
     if args.no_compile_cache:
       compile_cache.disable()
     else:
-      store = executables.storing(  # named by what runs: its programs load in the background
-          os.path.join(compile_cache.enable(), "executables"),
-          name=repr((recipe, sorted((k, v) for k, v in what.items() if k != "out"))))
-    with store, checkpoint.stop_on_signals():
+      compile_cache.enable()
+    with checkpoint.stop_on_signals():
       out = registry.run_to_dir(
           recipe, **what, progress=not args.no_progress, overwrite=args.overwrite,
           checkpoint_rounds=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
@@ -160,7 +157,7 @@ def main(argv=None) -> int:
 def command() -> None:
   """The `fedjax-rep` console script: `main()`, then an immediate exit with its code once
   stdout and stderr are flushed. Everything a run writes is written and closed by then;
-  the interpreter's teardown of jax and XLA would only delay the shell (0.3-0.6 s)."""
+  the interpreter's teardown of jax and XLA would only delay the shell."""
   code = main()
   sys.stdout.flush()
   sys.stderr.flush()

@@ -49,6 +49,27 @@ def test_bad_neural_settings_fail_before_any_compilation(item, pattern, compiles
   assert compiles.count == 0
 
 
+@pytest.mark.parametrize("recipe", ["fedrep-fig1", "fedrep-fig4"])
+def test_native_kernel_is_opt_in_and_checked_before_any_work(recipe, tmp_path, monkeypatch,
+                                                              compiles):
+  """kernel defaults to xla; native needs full participation, and a compiler that fails is
+  a ConfigError saying so, before anything compiles."""
+  assert fr.resolve(recipe).kernel == "xla"
+  with pytest.raises(fr.ConfigError, match=r"kernel=native runs FedRep's rounds with full "
+                                           r"participation only: set participation=1"):
+    fr.resolve(recipe, overrides=["kernel=native"])
+  with pytest.raises(fr.ConfigError, match="kernel='auto' is out of range.*xla, native"):
+    fr.resolve(recipe, overrides=["kernel=auto"])
+  failing = tmp_path / "cxx"
+  failing.write_text("#!/bin/sh\necho 'error: no compiler here' >&2\nexit 1\n")
+  failing.chmod(0o755)
+  monkeypatch.setenv("CXX", str(failing))
+  monkeypatch.setenv("FEDJAX_REP_CACHE", str(tmp_path / "cache"))
+  with pytest.raises(fr.ConfigError, match="kernel=native: .*no compiler here"):
+    fr.resolve(recipe, overrides=["kernel=native", "participation=1"])
+  assert compiles.count == 0
+
+
 def test_cli_reports_bad_input_and_exits_2(capsys, tmp_path, compiles):
   assert cli.main(["run", "fedrep-fig3", "--set", "rep_dim=20", "--out", str(tmp_path)]) == 2
   assert "rep_dim=20 is out of range" in capsys.readouterr().err
@@ -96,6 +117,8 @@ def test_run_writes_outputs_and_resumes(tmp_path, monkeypatch):
     config = json.load(f)
   assert config["config"]["num_clients"] == [10, 20] and config["seeds"] == 2
   assert "jax" in config["versions"]
+  assert config["code"]["kernel"] == "xla" and "kernel_build" not in config["code"]
+  assert len(config["code"]["source"]) == 64 and config["code"]["revision"]
   with open(os.path.join(out, "fedrep-fig3.png"), "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 

@@ -16,7 +16,7 @@ from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models, representation, train
 from fedjax_rep.nn.fedavg_steps import FedAvgSteps
 from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import fedavg_ft_neural
+from fedjax_rep.recipes.fedavg_ft import neural as fedavg_ft_neural
 from fedjax_rep.recipes import registry as recipes
 import nn_reference as ref
 

@@ -1,13 +1,17 @@
 """What importing costs: the command line runs a linear recipe without flax or optax, and
 the flat API (`fr.X`) loads on first use, whole."""
 
+import ast
+import importlib
 import json
+import pathlib
 import subprocess
 import sys
 
 import jax
 import numpy as np
 
+import fedjax_rep
 from fedjax_rep.core import struct
 from fedjax_rep.core import tree
 
@@ -18,7 +22,7 @@ code = cli.main(["run", "fedrep-fig3", "--quick", "--no-progress", "--no-compile
                  "--out", sys.argv[1]])
 print(json.dumps({"code": code, "modules": sorted(
     name for name in ("flax", "optax", "chex", "fedjax_rep.api", "fedjax_rep.nn",
-                      "fedjax_rep.recipes.srpfl_neural") if name in sys.modules)}))
+                      "fedjax_rep.recipes.srpfl.neural") if name in sys.modules)}))
 """
 
 FLAT_API = """
@@ -88,3 +92,30 @@ def test_flatten_unflatten_round_trip():
   assert list(flat.items()) == [("body/conv1/kernel", 1), ("body/conv1/bias", 2),
                                 ("body/fc/w", 3), ("head/b", 4)]
   assert tree.unflatten(flat) == {key: value for key, value in nested.items() if value}
+
+
+PAPERS = ("fedrep", "fedavg_ft", "flute", "srpfl", "digits")
+
+
+def _imported_modules(path) -> set[str]:
+  """The absolute names a module imports (`import a.b`, `from a.b import c`: a.b and a.b.c)."""
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      names.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names.add(node.module)
+      names.update(f"{node.module}.{alias.name}" for alias in node.names)
+  return names
+
+
+def test_each_paper_package_imports_and_uses_no_other_papers_package():
+  recipes = pathlib.Path(fedjax_rep.__file__).parent / "recipes"
+  for paper in PAPERS:
+    importlib.import_module(f"fedjax_rep.recipes.{paper}")
+  for path in recipes.rglob("*.py"):
+    own = path.parent.name if path.parent != recipes else None
+    for name in _imported_modules(path):
+      parts = name.split(".")
+      if parts[:2] == ["fedjax_rep", "recipes"] and len(parts) > 2 and parts[2] in PAPERS:
+        assert parts[2] == own, f"{path.relative_to(recipes)} imports {name}"

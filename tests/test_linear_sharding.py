@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fedjax_rep as fr
-from fedjax_rep.core import native
+from fedjax_rep.native import build
 from conftest import emulated_devices_env
 
 N, M, D, K = 64, 5, 6, 2
@@ -26,7 +26,7 @@ CASES = [(mode, cohort, head_steps) for mode in ("fixed", "fresh", "fresh-statis
 # With the C++ rounds (FedRep(kernel="native")) where there is a compiler to build them.
 QUICK_CASES = [("fixed", N, None), ("fresh-statistics", 16, 1)] + (
     [("fixed", N, None, "native"), ("fresh-statistics", N, None, "native")]
-    if native.has_compiler() else [])
+    if build.has_compiler() else [])
 OTHER_CASES = [case for case in CASES if case not in QUICK_CASES]
 
 
@@ -44,7 +44,7 @@ def results(devices: int, cases) -> dict:
   out = {}
   for mode, cohort, head_steps, *kernel in cases:
     algorithm = fr.FedRep(rep_dim=K, cohort=cohort, head_steps=head_steps, block=BLOCK,
-                          devices=devices, client_groups=GROUPS, kernel=(kernel or ["auto"])[0])
+                          devices=devices, client_groups=GROUPS, kernel=(kernel or ["xla"])[0])
     result = fr.run(algorithm, data_of(mode), HP, jax.random.key(5), 3, progress=False)
     name = "-".join(map(str, (mode, cohort, *kernel)))
     out[f"{name}-B"] = np.asarray(result.state.B)

@@ -1,11 +1,14 @@
-"""The C++ FedRep rounds (`linear.native_round`) on fixed data and on fresh data of the
-statistics sampler against numpy references and the XLA round, under jit and vmap, in a run,
-on 8 devices (test_linear_sharding) and from the executable store."""
+"""The opt-in C++ FedRep rounds (`fedjax_rep.native.fedrep_round`, FedRep(kernel="native"))
+on fixed data and on fresh data of the statistics sampler against numpy references and the
+XLA round, under jit and vmap, in a run and on 8 devices (test_linear_sharding); the default
+kernel="xla" never invokes a compiler; failures to build are one-line errors before any
+work."""
 
 import json
 import os
 import subprocess
 import sys
+import textwrap
 import warnings
 
 import jax
@@ -14,9 +17,9 @@ import numpy as np
 import pytest
 
 import fedjax_rep as fr
-from fedjax_rep.core import native
 from fedjax_rep.linear import fresh_statistics
-from fedjax_rep.linear import native_round
+from fedjax_rep.native import build
+from fedjax_rep.native import fedrep_round
 
 import reference
 
@@ -24,7 +27,7 @@ HP = fr.LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.1))
 
 
 def numpy_round(X, y, counts, B):
-  """(heads [n, k], gradient [k, d], loss) of `native_round.fixed_round`, by a float64 loop."""
+  """(heads [n, k], gradient [k, d], loss) of `fedrep_round.fixed_round`, by a float64 loop."""
   X, y, B = (np.asarray(a, np.float64) for a in (X, y, B))
   heads, gradient, loss = [], np.zeros((B.shape[1], X.shape[2])), 0.0
   for Xi, yi, count in zip(X, y, np.asarray(counts)):
@@ -50,7 +53,7 @@ def client_data(n, m, d, k, padded, seed=0):
 
 
 def numpy_fresh_round(key, offset, heads_star, coords_star, coords, noise_std, m):
-  """(heads, gradient, loss, outside) of `native_round.fresh_round`: `numpy_round` on the
+  """(heads, gradient, loss, outside) of `fedrep_round.fresh_round`: `numpy_round` on the
   samples `fresh_statistics.sample` draws, and outside = sum_i ||r_i / m||^2 w_i w_i^T, by a
   float64 loop."""
   n = heads_star.shape[0]
@@ -79,10 +82,10 @@ def fresh_inputs(n, d, k, seed=0):
 def kernel():
   """Builds and loads the kernels; skips the module only where there is no C++ compiler (a
   compiler whose build fails is an error)."""
-  if not native.has_compiler():
+  if not build.has_compiler():
     pytest.skip("no C++ compiler to build the kernel")
-  native_round.load(native_round.FIXED)
-  native_round.load(native_round.FRESH)
+  fedrep_round.load(fedrep_round.FIXED)
+  fedrep_round.load(fedrep_round.FRESH)
 
 
 def assert_matches(got, want):
@@ -96,14 +99,14 @@ def assert_matches(got, want):
                                                 (20, 14, 9, 8, True), (9, 12, 16, 8, False)])
 def test_kernel_matches_the_numpy_reference_under_jit(n, m, d, k, padded, kernel):
   X, y, counts, B = client_data(n, m, d, k, padded)
-  got = jax.jit(native_round.fixed_round)(X, y, counts, B)
+  got = jax.jit(fedrep_round.fixed_round)(X, y, counts, B)
   assert_matches(got, numpy_round(X, y, counts, B))
 
 
 def test_kernel_under_vmap_matches_each_call(kernel):
   X, y, counts, B = client_data(40, 10, 12, 3, True)
   Bs = np.stack([B, 2 * B, -B])
-  batched = jax.jit(jax.vmap(native_round.fixed_round, in_axes=(None, None, None, 0)))(
+  batched = jax.jit(jax.vmap(fedrep_round.fixed_round, in_axes=(None, None, None, 0)))(
       X, y, counts, Bs)
   for s in range(3):
     assert_matches([out[s] for out in batched], numpy_round(X, y, counts, Bs[s]))
@@ -111,9 +114,9 @@ def test_kernel_under_vmap_matches_each_call(kernel):
 
 def test_kernel_is_deterministic(kernel):
   X, y, counts, B = client_data(3000, 10, 20, 5, False)
-  first = jax.jit(native_round.fixed_round)(X, y, counts, B)
-  for again in (jax.jit(native_round.fixed_round)(X, y, counts, B),
-                native_round.fixed_round(X, y, counts, B)):
+  first = jax.jit(fedrep_round.fixed_round)(X, y, counts, B)
+  for again in (jax.jit(fedrep_round.fixed_round)(X, y, counts, B),
+                fedrep_round.fixed_round(X, y, counts, B)):
     for a, b in zip(first, again):
       np.testing.assert_array_equal(a, b)
 
@@ -126,7 +129,7 @@ def test_fresh_kernel_matches_the_numpy_reference_on_the_samplers_draws(n, m, d,
                                                                          kernel):
   heads_star, coords_star, coords = fresh_inputs(n, d, k)
   key = jax.random.key(7)
-  got = jax.jit(native_round.fresh_round, static_argnums=6)(
+  got = jax.jit(fedrep_round.fresh_round, static_argnums=6)(
       key, offset, heads_star, coords_star, coords, 0.3, m)
   assert_matches(got, numpy_fresh_round(key, offset, heads_star, coords_star, coords, 0.3, m))
 
@@ -134,7 +137,7 @@ def test_fresh_kernel_matches_the_numpy_reference_on_the_samplers_draws(n, m, d,
 def test_fresh_kernel_under_vmap_over_keys_matches_each_call(kernel):
   heads_star, coords_star, coords = fresh_inputs(40, 12, 3)
   keys = jax.vmap(jax.random.key)(jnp.arange(3))
-  batched = jax.jit(jax.vmap(native_round.fresh_round, in_axes=(0, None, None, None, None,
+  batched = jax.jit(jax.vmap(fedrep_round.fresh_round, in_axes=(0, None, None, None, None,
                                                                 None, None)),
                     static_argnums=6)(keys, 0, heads_star, coords_star, coords, 0.1, 10)
   for s in range(3):
@@ -144,7 +147,7 @@ def test_fresh_kernel_under_vmap_over_keys_matches_each_call(kernel):
 
 def test_fresh_kernel_is_deterministic(kernel):
   heads_star, coords_star, coords = fresh_inputs(3000, 20, 5)
-  call = lambda: native_round.fresh_round(jax.random.key(1), 3, heads_star, coords_star,
+  call = lambda: fedrep_round.fresh_round(jax.random.key(1), 3, heads_star, coords_star,
                                           coords, 0.1, 10)
   first = call()
   for a, b in zip(first, call()):
@@ -197,21 +200,21 @@ def test_seed_sweep_with_the_kernel_matches_single_runs(kernel):
     np.testing.assert_allclose(swept.state.B[s], single.state.B, rtol=1e-6, atol=1e-7)
 
 
-def test_auto_runs_the_kernel_only_where_it_pays(kernel):
-  small, big = fixed_data(n=8), fixed_data(n=2200, m=10, d=50, k=5)
-  assert big.X.size >= native_round.AUTO_MIN_ELEMENTS > small.X.size
-  auto = fr.FedRep(rep_dim=5, cohort=2200)
-  assert auto._runs_native(big, True)
-  fresh = fresh_data(n=10500, m=10, d=50, k=5)  # 10 (2k) entries a sample
-  assert auto._runs_native(fresh, True)
-  assert not auto._runs_native(fresh, True, jax.random.key(0, impl="rbg"))
-  assert not auto._runs_native(fresh_data(n=10500, m=10, d=50, k=5, sampler="direct"), True)
-  assert not fr.FedRep(rep_dim=5, cohort=10000)._runs_native(
-      fresh_data(n=10000, m=10, d=50, k=5), True)
-  assert not fr.FedRep(rep_dim=3, cohort=8)._runs_native(small, True)
-  assert not auto._runs_native(big, False)  # a partial cohort
-  assert not fr.FedRep(rep_dim=5, cohort=2200, head_steps=2)._runs_native(big, True)
-  assert not fr.FedRep(rep_dim=5, cohort=2200, kernel="xla")._runs_native(big, True)
+def test_xla_never_runs_the_kernel_and_native_always_does(kernel):
+  big = fixed_data(n=2200, m=10, d=50, k=5)
+  assert not fr.FedRep(rep_dim=5, cohort=2200)._runs_native(big, True)
+  assert fr.FedRep(rep_dim=5, cohort=2200, kernel="native")._runs_native(big, True)
+  fresh = fresh_data(n=20, m=10, d=50, k=5)
+  assert fr.FedRep(rep_dim=5, cohort=20, kernel="native")._runs_native(fresh, True)
+  with pytest.raises(ValueError, match="threefry2x32.*use kernel='xla'"):
+    fr.FedRep(rep_dim=5, cohort=20, kernel="native")._runs_native(
+        fresh, True, jax.random.key(0, impl="rbg"))
+
+
+def test_native_refuses_masked_rounds():
+  algorithm = fr.FedRep(rep_dim=3, cohort=8, kernel="native")
+  with pytest.raises(ValueError, match="not masked_round"):
+    algorithm.masked_round(None, jax.random.key(0), fixed_data(n=8), HP, jnp.arange(8))
 
 
 @pytest.mark.parametrize("options, data, message", [
@@ -232,82 +235,119 @@ def test_native_where_it_cannot_run_is_an_error_before_work(options, data, messa
   assert compiles.count == 0
 
 
-def test_unknown_kernel_is_rejected():
-  with pytest.raises(ValueError, match="kernel must be one of auto, xla, native"):
-    fr.FedRep(rep_dim=2, cohort=4, kernel="c++")
+@pytest.mark.parametrize("name", ["c++", "auto"])
+def test_unknown_kernel_is_rejected(name):
+  with pytest.raises(ValueError, match="kernel must be one of xla, native"):
+    fr.FedRep(rep_dim=2, cohort=4, kernel=name)
 
 
-def test_without_a_compiler_auto_falls_back_and_native_says_why(tmp_path, monkeypatch):
+def test_make_algorithm_passes_kernel_to_exact_head_fedrep_only():
+  for name in ("fedrep", "fedrep-ri"):
+    assert fr.make_algorithm(name, rep_dim=2, cohort=4, kernel="native").kernel == "native"
+    assert fr.make_algorithm(name, rep_dim=2, cohort=4).kernel == "xla"
+  for name in ("gd-gd", "10gd-gd", "fedavg", "d-gd", "flute"):
+    with pytest.raises(ValueError, match=f"'{name}' runs kernel='xla' only"):
+      fr.make_algorithm(name, rep_dim=2, cohort=4, kernel="native")
+
+
+def failing_compiler(tmp_path):
+  """A $CXX that touches tmp_path/called and exits 1; returns (its path, the marker)."""
+  marker, script = tmp_path / "called", tmp_path / "failing-cxx"
+  script.write_text(f"#!/bin/sh\ntouch {marker}\necho 'error: refusing to compile' >&2\n"
+                    f"exit 1\n")
+  script.chmod(0o755)
+  return str(script), marker
+
+
+def test_without_a_compiler_native_says_why_before_any_work(tmp_path, monkeypatch, compiles):
   monkeypatch.setenv("FEDJAX_REP_CACHE", str(tmp_path))  # no library built here
   monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-  monkeypatch.setattr(native, "_outcome", {})
-  monkeypatch.setattr(native, "_warned", set())
-  big = fixed_data(n=2200, m=10, d=50, k=5)
-  with pytest.warns(RuntimeWarning, match="no C.. compiler found"):
-    assert not fr.FedRep(rep_dim=5, cohort=2200)._runs_native(big, True)
-  with pytest.raises(ValueError, match="no C.. compiler found.*kernel='auto' or 'xla'"):
-    fr.FedRep(rep_dim=5, cohort=2200, kernel="native").check(big, HP)
+  monkeypatch.setattr(build, "_registered", set())
+  data, key = fixed_data(), jax.random.key(0)
+  compiles.reset()
+  with pytest.raises(ValueError, match="no C.. compiler found.*use kernel='xla'$"):
+    fr.run(fr.FedRep(rep_dim=3, cohort=64, kernel="native"), data, HP, key, 2, progress=False)
+  assert compiles.count == 0
 
 
-def test_switched_off_by_the_environment(monkeypatch):
-  monkeypatch.setenv(native.SWITCH, "0")
-  with pytest.raises(native.NativeUnavailable, match="switched off"):
-    native_round.load(native_round.FIXED)
+def test_native_with_a_failing_compiler_is_a_one_line_error_before_any_work(
+    tmp_path, monkeypatch, compiles):
+  cxx, marker = failing_compiler(tmp_path)
+  monkeypatch.setenv("FEDJAX_REP_CACHE", str(tmp_path / "cache"))
+  monkeypatch.setenv("CXX", cxx)
+  monkeypatch.setattr(build, "_registered", set())
+  data, key = fixed_data(), jax.random.key(0)
+  compiles.reset()
+  with pytest.raises(ValueError) as error:
+    fr.run(fr.FedRep(rep_dim=3, cohort=64, kernel="native"), data, HP, key, 2, progress=False)
+  message = str(error.value)
+  assert "\n" not in message
+  assert message.startswith("FedRep(kernel='native') cannot run this round: cannot build the "
+                            f"C++ kernel fedrep_round: `{cxx} -O3")
+  assert "exited 1 (error: refusing to compile)" in message
+  assert marker.exists() and compiles.count == 0
+  assert not list((tmp_path / "cache").glob("native/*"))
+
+
+DEFAULT_RUN = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp, numpy as np
+    import fedjax_rep as fr
+    problem = fr.make_problem(jax.random.key(0), 20000, 8, 2, 0.1)
+    data = fr.make_fixed_data(jax.random.key(1), problem, 10)
+    assert data.X.size >= 2 ** 20  # the old kernel="auto" ran the C++ round from here on
+    hp = fr.LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.1))
+    result = fr.run(fr.FedRep(rep_dim=2, cohort=20000), data, hp, jax.random.key(2), 2,
+                    progress=False)
+    print("fedjax_rep.native" in sys.modules, np.asarray(result.state.B).tobytes().hex(),
+          np.asarray(result.metrics["principal_angle"]).tobytes().hex())
+""")
+
+
+@pytest.mark.slow
+def test_the_default_kernel_never_invokes_the_compiler(tmp_path):
+  """A default FedRep run big enough for the old "auto" to build the kernel: the same bits
+  with a $CXX that fails (and is never called) and without $CXX, and the kernels' package is
+  not even imported."""
+  cxx, marker = failing_compiler(tmp_path)
+  env = {name: value for name, value in os.environ.items() if name != "CXX"}
+  env.update(JAX_PLATFORMS="cpu", FEDJAX_REP_CACHE=str(tmp_path / "cache"))
+  outputs = []
+  for extra in ({"CXX": cxx}, {}):
+    done = subprocess.run([sys.executable, "-c", DEFAULT_RUN], capture_output=True, text=True,
+                          timeout=120, env={**env, **extra})
+    assert done.returncode == 0, done.stderr[-3000:]
+    outputs.append(done.stdout.split())
+  assert not marker.exists()
+  assert not (tmp_path / "cache" / "native").exists()
+  assert outputs[0][0] == "False" and outputs[0] == outputs[1]
+
+
+def test_build_key_names_the_build_without_building(tmp_path, monkeypatch, kernel):
+  monkeypatch.setenv("FEDJAX_REP_CACHE", str(tmp_path))
+  key = fedrep_round.build_key()
+  assert key == build.build_key("fedrep_round")
+  assert key.startswith("fedrep_round-") and key.endswith(".so")
+  assert build.library_path("fedrep_round") == str(tmp_path / "native" / key)
+  assert not (tmp_path / "native").exists()
 
 
 def test_a_build_error_is_reported_with_the_compiler_message(tmp_path, monkeypatch, kernel):
   monkeypatch.setenv("FEDJAX_REP_CACHE", str(tmp_path))
   broken = tmp_path / "broken_kernel.cc"
   broken.write_text("this is not C++\n")
-  monkeypatch.setattr(native, "source", lambda name: str(broken))
-  with pytest.raises(native.NativeUnavailable, match="cannot build the C.. kernel broken"):
-    native.build("broken_kernel")
+  monkeypatch.setattr(build, "source", lambda name: str(broken))
+  with pytest.raises(build.NativeUnavailable,
+                     match="cannot build the C.. kernel broken_kernel: `.*` exited 1 .*error"):
+    build.build("broken_kernel")
   assert not list(tmp_path.glob("native/*.so")) and not list(tmp_path.glob("native/*.tmp"))
-
-
-STORED = """
-import sys
-import jax, jax.numpy as jnp, numpy as np
-import fedjax_rep as fr
-from fedjax_rep.core import executables, native
-traces = []
-data = fr.make_fixed_data(jax.random.key(1), fr.make_problem(jax.random.key(0), 64, 12, 3, 0.1), 10)
-alg = fr.FedRep(rep_dim=3, cohort=64, kernel="native")
-hp = fr.LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.1))
-state = fr.init_state(alg, data, hp, jax.random.key(2))
-
-@executables.jit
-def step(state, data):
-  traces.append(1)
-  return alg.round(state, jax.random.key(3), data, hp)[0].B
-
-with executables.storing(sys.argv[1]):
-  B = step(state, data)
-print(len(traces), native._outcome.get("fedrep_fixed_round", "not loaded") is None,
-      repr(np.asarray(B).ravel().tolist()))
-"""
-
-
-def test_a_stored_program_that_calls_the_kernel_runs_in_a_new_process(tmp_path, kernel):
-  """The second process runs the stored program untraced: the store registers the kernel
-  the program calls before it loads it."""
-  def run():
-    done = subprocess.run([sys.executable, "-c", STORED, str(tmp_path / "store")],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.split(" ", 2)
-
-  first, second = run(), run()
-  assert first[:2] == ["1", "True"] and second[:2] == ["0", "True"]
-  assert second[2] == first[2]
 
 
 def test_the_benchmark_harness_builds_and_times_both_kernels(tmp_path, kernel):
   """benchmarks/native_harness.cc compiles against the kernels' source and writes its rows."""
   root = os.path.join(os.path.dirname(__file__), "..")
   binary, rows = tmp_path / "harness", tmp_path / "rows.json"
-  subprocess.run([native.compiler(), "-O1", "-std=c++17", "-pthread", "-I",
+  subprocess.run([build.compiler(), "-O1", "-std=c++17", "-pthread", "-I",
                   jax.ffi.include_dir(), os.path.join(root, "benchmarks", "native_harness.cc"),
                   "-o", str(binary)], check=True, capture_output=True, timeout=300)
   done = subprocess.run([str(binary), "2000", "1", str(rows)], capture_output=True, text=True,

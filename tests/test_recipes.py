@@ -105,7 +105,7 @@ def test_srpfl_speedup_quick():
   measurement of the full recipe: see the README)."""
   rows, config = fr.run_recipe("srpfl-speedup", quick=True, seeds=3, progress=False,
                                overrides=["num_clients=100,1000"])
-  from fedjax_rep.recipes.srpfl_speedup import speedup_table
+  from fedjax_rep.recipes.srpfl.speedup import speedup_table
   table = speedup_table(rows, config.c_hat)
   assert [t["num_clients"] for t in table] == [100, 1000]
   for t in table:
@@ -118,7 +118,7 @@ def test_digits_personalized_quick():
   """FedRep beats FedAvg and local only; fine-tuning FedAvg's head improves on FedAvg."""
   rows, config = fr.run_recipe("digits-personalized", quick=True, progress=False,
                                overrides=["algorithms=fedrep,fedavg,fedavg-ft,local"])
-  from fedjax_rep.recipes import nn_common
+  from fedjax_rep.recipes import neural as nn_common
   accuracy = {r["algorithm"]: r["test_accuracy"]
               for r in nn_common.summary(rows, config.algorithms)}
   assert accuracy["fedrep"] > accuracy["fedavg"] + 0.1

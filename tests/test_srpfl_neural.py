@@ -11,7 +11,7 @@ import fedjax_rep as fr
 import fedjax_rep.recipes
 from fedjax_rep.data.missing import DataMissing
 from fedjax_rep.hetero import speeds, timed
-from fedjax_rep.recipes import srpfl_neural
+from fedjax_rep.recipes.srpfl import neural as srpfl_neural
 
 M = 6
 TIMES = np.array([3.0, 1.0, 4.0, 2.0, 5.0, 0.5])  # per local update; fastest: 5, 1, 3, 0, ...
@@ -119,7 +119,7 @@ def test_datasets_with_files_give_s_classes_per_client(dataset, shape, labels, m
   rng = np.random.default_rng(0)
   fake = lambda n: (rng.random((n, *shape), np.float32), rng.integers(0, labels, n, np.int32))
   pooled = lambda *args, **kwargs: (*fake(4000), *fake(800))
-  monkeypatch.setattr(srpfl_neural.tfds_data, "load", pooled)
+  monkeypatch.setattr(srpfl_neural.tfds_data, "_read", lambda *args: (fake(4000), fake(800)))
   monkeypatch.setattr(srpfl_neural.leaf, "femnist_pooled", pooled)
   config = dataclasses.replace(srpfl_neural.Config(), dataset=dataset, num_clients=10)
   setting = srpfl_neural.setting(config)

@@ -10,7 +10,7 @@ import pytest
 import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import table1_common as table1
+from fedjax_rep.recipes import table1
 
 
 def table_by(rows, config, dataset, settings):
@@ -76,7 +76,8 @@ def test_config_errors(recipe, items, pattern, compiles):
 
 
 def test_mtl_lambda_is_a_traced_option_or_the_algorithms_default():
-  from fedjax_rep.recipes import nn_common, table1_synthetic
+  from fedjax_rep.recipes import neural as nn_common
+  from fedjax_rep.recipes.fedrep import table1_synthetic as table1_synthetic
   config = cfg.override(table1_synthetic.Config(), ["mtl_lambda=auto"])
   assert config.mtl_lambda is None and nn_common.hparams(config).options == {}
   config = cfg.override(config, ["mtl_lambda=0.02"])
@@ -127,7 +128,7 @@ def test_flute_table1_quick_on_digits():
   rows, config = fr.run_recipe("flute-table1", quick=True, progress=False,
                                overrides=["algorithms=fedrep,flute", "num_clients=20",
                                           "classes_per_client=5"])
-  from fedjax_rep.recipes import flute_table1
+  from fedjax_rep.recipes.flute import table1 as flute_table1
   table = flute_table1.summarize(rows, config)
   assert {r["algorithm"] for r in table} == {"fedrep", "flute"}
   assert all(0 <= r["test_accuracy"] <= 1 and r["paper_test_accuracy"] == "" for r in table)

@@ -10,8 +10,16 @@ import jax.numpy as jnp
 
 
 def weighted_sum(values, weights: jax.Array):
-  """(sum_i w_i u_i, sum_i w_i) over the leading client axis: values a pytree whose leaves
-  are [c, ...], weights [c]. Leaves of the sum are [...]."""
+  """Weighted sum over the leading client axis, and the sum of the weights.
+
+  Args:
+    values: a pytree whose leaves are [c, ...] (u_i: client i's rows).
+    weights: the client weights w [c], cast to each leaf's dtype.
+
+  Returns:
+    (sums, total): sums a pytree like `values` of sum_i w_i u_i, leaves [...]; total the
+    scalar sum_i w_i.
+  """
   sums = jax.tree.map(lambda u: jnp.tensordot(weights.astype(u.dtype), u, axes=1), values)
   return sums, jnp.sum(weights)
 
@@ -22,7 +30,8 @@ def weighted_einsum(subscripts: str, weights: jax.Array, *operands):
   contraction: the per-client products [c, ...] are never formed.
 
   E.g. 'cmd,cm,ck->dk' sums per-client gradients X_c^T r_c w_c^T [d, k] as one
-  [d, c*m] x [c*m, k] product (4-5x faster on CPU than stacking them first).
+  [d, c*m] x [c*m, k] product, which XLA:CPU runs much faster than stacking the per-client
+  products first (see benchmarks/README.md).
   """
   inputs, output = subscripts.split("->")
   return jnp.einsum(f"{inputs},c->{output}", *operands, weights), jnp.sum(weights)
@@ -35,5 +44,13 @@ def mean(sums, total: jax.Array):
 
 
 def weighted_mean(values, weights: jax.Array):
-  """sum_i w_i u_i / sum_i w_i over the leading client axis of every leaf of `values`."""
+  """Weighted mean sum_i w_i u_i / sum_i w_i over the leading client axis of every leaf.
+
+  Args:
+    values: a pytree whose leaves are [c, ...] (u_i: client i's rows).
+    weights: the client weights w [c].
+
+  Returns:
+    A pytree like `values` with leaves [...]; zeros if the weights sum to 0 (`mean`).
+  """
   return mean(*weighted_sum(values, weights))

@@ -122,7 +122,7 @@ class Slot:
 
   def manager(self):
     if self._manager is None:
-      import orbax.checkpoint as ocp  # here: most runs never save, and orbax takes ~0.7 s
+      import orbax.checkpoint as ocp  # here: most runs never save, and orbax is slow to import
       self._manager = ocp.CheckpointManager(
           os.path.abspath(self.directory),
           options=ocp.CheckpointManagerOptions(max_to_keep=1, enable_async_checkpointing=False))

@@ -6,15 +6,31 @@ import numpy as np
 
 
 def cohort_size(num_clients: int, participation: float) -> int:
-  """Number of clients sampled per round: max(1, round(participation * num_clients))."""
+  """Number of clients sampled per round: max(1, round(participation * num_clients)).
+
+  Args:
+    num_clients: clients in the population.
+    participation: the fraction of them sampled each round.
+
+  Returns:
+    The cohort size, an int >= 1.
+  """
   return max(1, round(participation * num_clients))
 
 
 def sample_cohort(key: jax.Array, num_clients: int, size: int) -> jax.Array:
-  """Indices [size] of a cohort drawn uniformly without replacement from range(num_clients).
+  """A cohort drawn uniformly without replacement from range(num_clients).
 
   The size is static, so every round has the same shape and nothing recompiles.
   With size == num_clients (full participation) the cohort is all clients in order.
+
+  Args:
+    key: the PRNG key of the draw.
+    num_clients: clients in the population (static).
+    size: the cohort size (static, <= num_clients).
+
+  Returns:
+    Client indices [size] (integers).
   """
   if size == num_clients:
     return jnp.arange(num_clients)
@@ -34,9 +50,10 @@ def stable_argsort(bits: jax.Array) -> jax.Array:
   lax.sort_key_val(bits, arange(n)) does.
 
   Up to PACKED_SORT_MAX items, one single-operand sort of the keys with their low bits
-  replaced by the index (~5x faster than a key-value sort on CPU), then odd-even
-  transposition passes that order items whose high bits tie by their full keys, until no
-  neighbours are out of order (usually none or one pass): exact for any keys.
+  replaced by the index (on XLA:CPU much faster than a key-value sort: see
+  benchmarks/README.md), then odd-even transposition passes that order items whose high
+  bits tie by their full keys, until no neighbours are out of order (usually none or one
+  pass): exact for any keys.
   """
   n = bits.shape[0]
   if n > PACKED_SORT_MAX:

@@ -27,9 +27,20 @@ def default_dir() -> str:
 
 
 def enable(path: str | None = None) -> str:
-  """Stores every compiled program (however quick to compile) in `path` (default
-  `default_dir()`) and loads it from there in later processes, from the next compilation
-  on. Returns the directory."""
+  """Turns on JAX's persistent compilation cache in `path`.
+
+  Every compiled program (however quick to compile) is stored there and loaded from there in
+  later processes, from the next compilation on.
+
+  Args:
+    path: the cache directory, created if missing; default `default_dir()`.
+
+  Returns:
+    The directory used.
+
+  Raises:
+    CacheError: the directory cannot be created.
+  """
   path = path or default_dir()
   try:
     os.makedirs(path, exist_ok=True)

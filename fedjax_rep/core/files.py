@@ -1,8 +1,13 @@
-"""Files written whole, and the fingerprint of the package's own source files."""
+"""Files written whole, and what identifies the package's code: the fingerprint of its
+source files and the git revision it came from."""
 
 import hashlib
 import os
+import subprocess
 import uuid
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REVISION_FILE = os.path.join(PACKAGE, "REVISION")  # written by the build (setup.py)
 
 
 def atomic_write(path: str, write) -> None:
@@ -24,13 +29,37 @@ def atomic_write(path: str, write) -> None:
 def source_fingerprint() -> str:
   """sha256 of the package's Python and C++ sources (paths and contents): the code that
   wrote a run."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   digest = hashlib.sha256()
-  for directory, subdirs, files in sorted(os.walk(root)):
+  for directory, subdirs, files in sorted(os.walk(PACKAGE)):
     subdirs.sort()
     for name in sorted(f for f in files if f.endswith((".py", ".cc"))):
       path = os.path.join(directory, name)
-      digest.update(os.path.relpath(path, root).encode() + b"\0")
+      digest.update(os.path.relpath(path, PACKAGE).encode() + b"\0")
       with open(path, "rb") as f:
         digest.update(f.read() + b"\0")
   return digest.hexdigest()
+
+
+def git_revision(directory: str) -> str:
+  """The commit of the git checkout holding `directory` ('+' when the files under it differ
+  from the commit), or 'unknown' where there is none or git cannot say."""
+  try:
+    head = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True,
+                          text=True, timeout=10)
+    dirty = subprocess.run(["git", "-C", directory, "status", "--porcelain", "--", "."],
+                           capture_output=True, text=True, timeout=10)
+  except (OSError, subprocess.TimeoutExpired):
+    return "unknown"
+  if head.returncode or dirty.returncode:
+    return "unknown"
+  return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
+def revision() -> str:
+  """The git revision of the package's code: the one recorded when it was built (an
+  installed copy, `pip install .`), else that of the checkout it runs from (an editable
+  install), else 'unknown'."""
+  if os.path.exists(REVISION_FILE):
+    with open(REVISION_FILE) as f:
+      return f.read().strip() or "unknown"
+  return git_revision(PACKAGE)

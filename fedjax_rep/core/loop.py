@@ -34,7 +34,6 @@ from tqdm import tqdm
 
 from fedjax_rep.core import checkpoint
 from fedjax_rep.core import checks
-from fedjax_rep.core import executables
 from fedjax_rep.core.protocols import Evaluated
 
 DEFAULT_CHUNK = 50
@@ -100,33 +99,29 @@ def _scan_rounds(algorithm, state, diverged, reference, data, hparams, rounds_ke
   from then on.
   """
 
-  def step(carry, t):
-    state, _, reference = carry
+  def body(carry, t):
+    state, diverged, reference = carry
     new_state, metrics = algorithm.round(state, jax.random.fold_in(rounds_key, t), data,
                                          hparams)
+    active = (t < stop) & ~diverged
     ok = all_finite((new_state, metrics))
     tracked = _tracked(algorithm, metrics)
     if tracked is not None:
       value = jnp.abs(tracked).astype(reference.dtype)
-      reference = jnp.where(jnp.isnan(reference), value, reference)
-      ok &= ~(value > blowup * reference)
-    state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
-    metrics = jax.tree.map(lambda m: jnp.where(ok, m, jnp.nan), metrics)
-    return (state, ~ok, reference), {**metrics, "diverged": (~ok).astype(jnp.float32)}
-
-  def skip(carry, t):
-    shapes = jax.eval_shape(step, carry, t)[1]
-    metrics = jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
-    return carry, {**metrics, "diverged": carry[1].astype(jnp.float32)}
-
-  def body(carry, t):
-    return jax.lax.cond((t < stop) & ~carry[1], step, skip, carry, t)
+      new_reference = jnp.where(jnp.isnan(reference), value, reference)
+      ok &= ~(value > blowup * new_reference)
+      reference = jnp.where(active, new_reference, reference)
+    keep = active & ok
+    state = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_state, state)
+    metrics = jax.tree.map(lambda m: jnp.where(keep, m, jnp.nan), metrics)
+    diverged = jnp.where(active, ~ok, diverged)
+    return (state, diverged, reference), {**metrics, "diverged": diverged.astype(jnp.float32)}
 
   return jax.lax.scan(body, (state, diverged, reference), start + jnp.arange(chunk))
 
 
-@executables.jit(static_argnames=("algorithm", "chunk", "sweep_axes"),
-                 donate_argnames=("state", "diverged", "reference"))
+@jax.jit(static_argnames=("algorithm", "chunk", "sweep_axes"),
+         donate_argnames=("state", "diverged", "reference"))
 def _run_chunk(algorithm, state, diverged, reference, data, hparams, key, start, stop, blowup,
                *, chunk, sweep_axes):
   rounds_key = _split_keys(key, sweep_axes)[1]
@@ -136,7 +131,7 @@ def _run_chunk(algorithm, state, diverged, reference, data, hparams, key, start,
   return scan(state, diverged, reference, data, hparams, rounds_key, start, stop, blowup)
 
 
-@executables.jit(static_argnames=("algorithm", "sweep_axes"))
+@jax.jit(static_argnames=("algorithm", "sweep_axes"))
 def _init(algorithm, key, data, hparams, *, sweep_axes):
   key = _split_keys(key, sweep_axes)[0]
   init = algorithm.init
@@ -146,7 +141,7 @@ def _init(algorithm, key, data, hparams, *, sweep_axes):
   return init(key, data, hparams)
 
 
-@executables.jit(static_argnames=("algorithm", "sweep_axes"))
+@jax.jit(static_argnames=("algorithm", "sweep_axes"))
 def _evaluate(algorithm, state, data, hparams, *, sweep_axes):
   evaluate = algorithm.evaluate
   if sweep_axes is not None:
@@ -155,14 +150,40 @@ def _evaluate(algorithm, state, data, hparams, *, sweep_axes):
 
 
 def init_state(algorithm, data, hparams, key, *, sweep_axes=None):
-  """The algorithm's initial state from the run key (jitted; vmapped when sweeping), after
-  checking the inputs (`checks.check_run`: before anything is traced or compiled)."""
+  """The algorithm's initial state from the run key, after checking the inputs.
+
+  The inputs are checked by `checks.check_run` before anything is traced or compiled; the
+  state is computed jitted, vmapped when sweeping.
+
+  Args:
+    algorithm: the algorithm object (`core.protocols.Algorithm`).
+    data: the run's data pytree.
+    hparams: the run's traced hyperparameters.
+    key: the run's key (as passed to `run`).
+    sweep_axes: `in_axes` of (data, hparams, key) over a leading sweep axis, as in `run`;
+      None for a single run.
+
+  Returns:
+    The state of `algorithm.init`; its leaves get a leading [sweep] axis when sweeping.
+  """
   checks.check_run(algorithm, data, hparams, key, sweep_axes=sweep_axes)
   return _init(algorithm, key, data, hparams, sweep_axes=sweep_axes)
 
 
 def evaluate(algorithm, state, data, hparams, *, sweep_axes=None):
-  """`algorithm.evaluate` of `state` (jitted; vmapped when sweeping)."""
+  """`algorithm.evaluate` of `state` (jitted; vmapped when sweeping).
+
+  Args:
+    algorithm: an algorithm with `evaluate` (`core.protocols.Evaluated`).
+    state: its state (leading [sweep] axis when sweeping).
+    data: the run's data pytree.
+    hparams: the run's traced hyperparameters.
+    sweep_axes: `in_axes` of (data, hparams, key) over a leading sweep axis, as in `run`;
+      None for a single run.
+
+  Returns:
+    The metrics dict of `algorithm.evaluate`: scalars, or [sweep] when sweeping.
+  """
   return _evaluate(algorithm, state, data, hparams, sweep_axes=sweep_axes)
 
 
@@ -222,7 +243,8 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
 
   Args:
     algorithm: hashable algorithm object (see module docstring).
-    data, hparams: pytrees passed to every round (traced).
+    data: the data pytree passed to every round (traced).
+    hparams: the hyperparameter pytree passed to every round (traced).
     key: the run's key; every key in the run is derived from it.
     num_rounds: total rounds of the run (>= 1).
     state: state to continue from (resume); default: `algorithm.init`.
@@ -239,12 +261,18 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     sweep_axes: `in_axes` of (data, hparams, key) to vmap the whole run over a leading
       sweep axis (seeds, step sizes); None for a single run.
     progress: show a progress bar (rounds done / total, rounds per second).
+    desc: the progress bar's label; default `algorithm.name`.
+
   Returns:
     RunResult with metrics[name] of shape [rounds] ([sweep, rounds] when sweeping), where
     rounds = num_rounds - start_round. A run that diverges (its state or a metric becomes
     non-finite, or its tracked metric exceeds the bound) stops there (the state keeps its
     value before that round; the rest of a sweep goes on): from that round on
     metrics["diverged"] is 1 and the other metrics are NaN.
+
+  Raises:
+    ValueError: num_rounds, start_round, chunk, eval_every or blowup out of range. Inputs
+      that fail `checks.check_run` raise its errors; all before anything compiles.
   """
   if state is not None:  # without a state, init_state checks the inputs
     checks.check_run(algorithm, data, hparams, key, state, sweep_axes)

@@ -8,17 +8,41 @@ import jax.numpy as jnp
 
 
 def gather(tree, clients: jax.Array):
-  """Rows `clients` [c] of every leaf of a per-client pytree ([n, ...] -> [c, ...])."""
+  """Rows `clients` of every leaf of a per-client pytree.
+
+  Args:
+    tree: a pytree whose leaves are [n, ...].
+    clients: client indices [c].
+
+  Returns:
+    The pytree with leaves [c, ...].
+  """
   return jax.tree.map(lambda leaf: leaf[clients], tree)
 
 
 def scatter(tree, clients: jax.Array, rows):
-  """Per-client pytree with rows `clients` replaced by `rows` ([c, ...]); other clients keep theirs."""
+  """Per-client pytree with rows `clients` replaced by `rows`; other clients keep theirs.
+
+  Args:
+    tree: a pytree whose leaves are [n, ...].
+    clients: client indices [c].
+    rows: a pytree of the same structure with leaves [c, ...].
+
+  Returns:
+    The pytree with leaves [n, ...].
+  """
   return jax.tree.map(lambda leaf, new: leaf.at[clients].set(new), tree, rows)
 
 
 def stack(trees):
-  """One pytree whose leaves stack those of `trees` along a new leading axis (a sweep)."""
+  """One pytree whose leaves stack those of `trees` along a new leading axis (a sweep).
+
+  Args:
+    trees: s pytrees of one structure whose corresponding leaves have one shape [...].
+
+  Returns:
+    The pytree with leaves [s, ...].
+  """
   return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
 
 

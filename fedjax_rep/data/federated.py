@@ -106,8 +106,17 @@ class ClientDatasets:
 
 
 def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
-  """One ClientDatasets with a leading axis over `datasets` (e.g. seeds), each padded with
-  zero rows to the largest m and t among them."""
+  """One ClientDatasets with a leading axis over `datasets` (e.g. seeds).
+
+  Each is padded with zero rows to the largest m and t among them.
+
+  Args:
+    datasets: s ClientDatasets of n clients each, of one num_classes.
+
+  Returns:
+    ClientDatasets with x [s, n, m, ...], y [s, n, m], counts [s, n], x_test [s, n, t, ...],
+    y_test [s, n, t] and test_counts [s, n]; num_classes of the first.
+  """
   size = max(d.x.shape[1] for d in datasets)
   test_size = max(d.x_test.shape[1] for d in datasets)
 
@@ -142,9 +151,29 @@ def pad(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], size: int | None 
 
 def client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes: int,
                     size: int | None = None, test_size: int | None = None) -> ClientDatasets:
-  """ClientDatasets of client i = rows parts[i] of (x, y) for training and rows test_parts[i]
-  of (x_test, y_test) for testing (numpy arrays; padded to `size` / `test_size`, default
-  the largest client)."""
+  """ClientDatasets of clients given by index arrays into a dataset's train and test rows.
+
+  Client i trains on rows parts[i] of (x, y) and is tested on rows test_parts[i] of
+  (x_test, y_test); padding rows are zero.
+
+  Args:
+    x: training inputs [N, ...] (numpy; any dtype, kept).
+    y: training labels [N] (integers; stored as int32).
+    parts: n index arrays into x, y (e.g. from `partition`).
+    x_test: test inputs [T, ...].
+    y_test: test labels [T].
+    test_parts: n index arrays into x_test, y_test.
+    num_classes: the number of classes (static).
+    size: rows m per client; default the largest part.
+    test_size: test rows t per client; default the largest test part.
+
+  Returns:
+    ClientDatasets with x [n, m, ...], y [n, m], counts [n] (int32), x_test [n, t, ...],
+    y_test [n, t] and test_counts [n].
+
+  Raises:
+    ValueError: parts and test_parts differ in length, or a part exceeds its size.
+  """
   if len(parts) != len(test_parts):
     raise ValueError(f"{len(parts)} train parts but {len(test_parts)} test parts")
   xs, ys, counts = pad(np.asarray(x), np.asarray(y), parts, size)

@@ -26,6 +26,7 @@ DATASETS = {"femnist": "FEMNIST (LEAF)", "sent140": "Sent140 (LEAF)"}
 PREPROCESS = {"femnist": "-s niid --sf 0.05 -k 0 -t sample",
               "sent140": "-s niid --sf 0.3 -k 50 -t sample"}
 FEMNIST_CLASSES = 62  # 0-9 digits, 10-35 upper case, 36-61 lower case letters
+FEMNIST_LETTERS = tuple(range(10, 20))  # upper-case A..J, the papers' ten letters
 PAD, UNKNOWN = 0, 1  # Sent140 token ids; words get ids 2, 3, ... by decreasing frequency
 GLOVE_FILE = "glove.6B.50d.txt"
 GLOVE_URL = "https://nlp.stanford.edu/data/glove.6B.zip"
@@ -187,6 +188,28 @@ def femnist_pooled(classes=None, directory: str | None = None):
       x, y = x[keep], relabel[y[keep]]
     arrays += [x, y]
   return tuple(arrays)
+
+
+def femnist_letters(samples: int, seed: int, directory: str | None = None):
+  """FEMNIST's ten letters A..J pooled (`femnist_pooled(FEMNIST_LETTERS)`, labels 0..9),
+  subsampled at random to `samples` training samples (all where there are fewer) and the
+  test samples by the same fraction, in pooled order.
+
+  Args:
+    samples: training samples to keep.
+    seed: seed of the subsample (numpy's default_rng).
+    directory: LEAF's FEMNIST directory (None: its default location).
+
+  Returns:
+    (x_train [N, 28, 28, 1], y_train [N], x_test [T, 28, 28, 1], y_test [T]).
+  """
+  x, y, x_test, y_test = femnist_pooled(FEMNIST_LETTERS, directory)
+  if samples >= len(y):
+    return x, y, x_test, y_test
+  rng = np.random.default_rng(seed)
+  train = np.sort(rng.permutation(len(y))[:samples])
+  test = np.sort(rng.permutation(len(y_test))[:max(1, len(y_test) * samples // len(y))])
+  return x[train], y[train], x_test[test], y_test[test]
 
 
 def tokens(text: str) -> list[str]:

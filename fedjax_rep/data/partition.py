@@ -177,9 +177,25 @@ def iid(train_labels, test_labels, num_clients: int, seed: int):
 def partition(name: str, train_labels, test_labels, *, num_clients: int, seed: int,
               classes_per_client: int = 2, dirichlet_alpha: float = 0.5,
               size_sigma: float = 0.0):
-  """(train_parts, test_parts) of partitioner `name` (a key of PARTITIONS); each is a list of
-  num_clients int64 index arrays. classes_per_client and size_sigma are used by 'classes',
-  dirichlet_alpha by 'dirichlet'. Arguments are checked before any work is done."""
+  """Splits a dataset's train and test samples over clients with partitioner `name`.
+
+  Arguments are checked before any work is done.
+
+  Args:
+    name: a key of PARTITIONS ('classes', 'dirichlet' or 'iid').
+    train_labels: training labels [N] (1-D integers).
+    test_labels: test labels [T] (1-D integers).
+    num_clients: the number of clients.
+    seed: the seed of the split (everything is a deterministic function of it).
+    classes_per_client: classes of each client ('classes' only).
+    dirichlet_alpha: the concentration of Dir(dirichlet_alpha) ('dirichlet' only).
+    size_sigma: client weights ~ LogNormal(0, size_sigma) size the shards when > 0
+      ('classes' only).
+
+  Returns:
+    (train_parts, test_parts): each a list of num_clients int64 index arrays, into
+    train_labels and test_labels.
+  """
   if name not in PARTITIONS:
     raise ValueError(f"partition must be one of {sorted(PARTITIONS)}, got {name!r}")
   if name == "classes":

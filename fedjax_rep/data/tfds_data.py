@@ -116,15 +116,20 @@ def _mock(name: str, examples: int):
             for source in tfds.data_source(_spec(name), split=["train", "test"])]
 
 
-def load(name: str, data_dir: str | None = None, mock_examples: int | None = None):
+def load(name: str, data_dir: str | None = None, mock_examples: int | None = None,
+         classes: int | None = None):
   """(x_train [N, H, W, C], y_train [N], x_test [T, H, W, C], y_test [T]) of dataset `name`:
   pixels float32 in [0, 1], labels int32 (tfds's: CIFAR-10 0..9, CIFAR-100 0..99 fine
   labels, EMNIST byclass 0..61). EMNIST images are transposed to stand upright (tfds keeps
   NIST's transposed storage). With mock_examples=k, k random examples per split from
-  `tfds.testing.mock_data` instead of the files. Raises DataMissing, naming the command that
-  prepares the data, when the files are not there."""
+  `tfds.testing.mock_data` instead of the files; with classes=c, only the samples labelled
+  0..c-1. Raises DataMissing, naming the command that prepares the data, when the files are
+  not there."""
   (x, y), (x_test, y_test) = (_read(name, data_dir) if mock_examples is None
                               else _mock(name, mock_examples))
   if _parse(name)[0] == "emnist":
     x, x_test = x.transpose(0, 2, 1, 3), x_test.transpose(0, 2, 1, 3)
+  if classes is not None:
+    x, y, x_test, y_test = x[y < classes], y[y < classes], x_test[y_test < classes], y_test[
+        y_test < classes]
   return x, y, x_test, y_test

@@ -42,7 +42,16 @@ def _check(num_clients: int, dropout: float):
 
 
 def fixed_speeds(num_clients: int, rate: float = 1.0, dropout: float = 0.0) -> SpeedModel:
-  """Times per local update drawn once per client from Exp(rate) (mean 1/rate)."""
+  """Fixed speeds: times per local update drawn once per client from Exp(rate) (mean 1/rate).
+
+  Args:
+    num_clients: N, the number of clients (>= 1).
+    rate: the exponential rate (> 0).
+    dropout: the probability in [0, 1) that a client fails to report in a round.
+
+  Returns:
+    The SpeedModel of kind "fixed".
+  """
   _check(num_clients, dropout)
   if not rate > 0:
     raise ValueError(f"rate must be > 0; got {rate!r}")
@@ -50,14 +59,35 @@ def fixed_speeds(num_clients: int, rate: float = 1.0, dropout: float = 0.0) -> S
 
 
 def dynamic_speeds(num_clients: int, dropout: float = 0.0) -> SpeedModel:
-  """Times redrawn every round from Exp(lambda_i), lambda_i ~ U[1/N, 1] drawn once."""
+  """Dynamic speeds: times redrawn every round from Exp(lambda_i), lambda_i ~ U[1/N, 1].
+
+  The rates lambda_i are drawn once per run.
+
+  Args:
+    num_clients: N, the number of clients (>= 1).
+    dropout: the probability in [0, 1) that a client fails to report in a round.
+
+  Returns:
+    The SpeedModel of kind "dynamic".
+  """
   _check(num_clients, dropout)
   return SpeedModel("dynamic", int(num_clients), dropout=float(dropout))
 
 
 def given_speeds(times, num_clients: int, dropout: float = 0.0) -> SpeedModel:
-  """User speeds: fixed times [num_clients] (>= 0), or a function (key, t) -> times
-  [num_clients], which is only traced here to check its shape (nothing is compiled)."""
+  """User speeds: fixed times per local update, or a function of the key and round.
+
+  A function is only traced here to check its shape (nothing is compiled).
+
+  Args:
+    times: times [num_clients] (finite, >= 0), the same every round, or a function
+      (key, t) -> times [num_clients].
+    num_clients: N, the number of clients (>= 1).
+    dropout: the probability in [0, 1) that a client fails to report in a round.
+
+  Returns:
+    The SpeedModel of kind "given".
+  """
   _check(num_clients, dropout)
   if callable(times):
     shape = jax.eval_shape(lambda t: times(jax.random.key(0), t), 0).shape  # key traced

@@ -137,23 +137,53 @@ class EvaluatedTimed(Timed):
 
 
 def srpfl_participants(cohort: int, n0: int, num_rounds: int, stage_rounds) -> np.ndarray:
-  """SRPFL's n_t [T]: stage r keeps the fastest n_r = min(N, 2^r n0) of the N sampled
-  clients for stage_rounds[r] rounds (an int: the same tau for every stage; see
-  `schedule.participants` and `schedule.theorem_stage_rounds`); the last stage runs on."""
+  """SRPFL's participants n_t: stage r keeps the fastest n_r = min(N, 2^r n0) of N clients.
+
+  Stage r lasts stage_rounds[r] rounds; the last stage runs on (`schedule.participants`).
+
+  Args:
+    cohort: N, the clients sampled per round.
+    n0: the participants of the first stage.
+    num_rounds: T, the rounds of the run.
+    stage_rounds: the rounds of each stage before the last [S-1] (e.g.
+      `schedule.theorem_stage_rounds`), or an int: the same tau for every stage.
+
+  Returns:
+    n_t [T] (int32), for `hparams`.
+  """
   return schedule.participants(cohort, n0, num_rounds, stage_rounds)[0].astype(np.int32)
 
 
 def fixed_participants(cohort: int, n: int, num_rounds: int) -> np.ndarray:
-  """n_t = n [T] every round: n = N is straggler-prone FedRep (it waits for all N sampled
-  clients), n < N keeps the fastest n."""
+  """Participants n_t = n every round.
+
+  n = N is straggler-prone FedRep (it waits for all N sampled clients); n < N keeps the
+  fastest n.
+
+  Args:
+    cohort: N, the clients sampled per round.
+    n: the participants of every round, in [1, N].
+    num_rounds: T, the rounds of the run.
+
+  Returns:
+    n_t [T] (int32), for `hparams`.
+  """
   if not 1 <= n <= cohort:
     raise ValueError(f"n must be an integer in [1, cohort={cohort}]; got {n!r}")
   return np.full(num_rounds, n, np.int32)
 
 
 def hparams(inner, participants, comm_cost: float = 0.0) -> TimedHparams:
-  """TimedHparams of one run (participants [T] from `srpfl_participants` or
-  `fixed_participants`); `fr.stack` several to sweep them as one program."""
+  """TimedHparams of one run; `fr.stack` several to sweep them as one program.
+
+  Args:
+    inner: the inner algorithm's hparams.
+    participants: n_t [T] from `srpfl_participants` or `fixed_participants`.
+    comm_cost: C, the communication cost per round (>= 0).
+
+  Returns:
+    TimedHparams with participants int32 [T] and comm_cost a float32 scalar.
+  """
   if not comm_cost >= 0:
     raise ValueError(f"comm_cost must be >= 0; got {comm_cost!r}")
   return TimedHparams(inner=inner, participants=np.asarray(participants, np.int32),

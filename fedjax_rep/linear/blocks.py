@@ -17,8 +17,8 @@ import jax.numpy as jnp
 
 FALLBACK_CACHE_BYTES = 1 << 20  # when the cache size cannot be read
 CACHE_MULTIPLE = 2  # a block's generated data: this many per-core caches
-# A block of data read from memory (fixed datasets): at n = 100,000 blocks of 4 caches ran
-# the FedRep round in 32-36 ms, of 2 caches in 40-46 ms (1 and 8: 58 and 60 ms).
+# A block of data read from memory (fixed datasets): this many per-core caches, the fastest
+# multiple for the fixed FedRep round of those measured (see benchmarks/README.md).
 READ_CACHE_MULTIPLE = 4
 DEVICE_BLOCK_BYTES = 1 << 30  # a block's data on an accelerator (the default backend not cpu)
 CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"

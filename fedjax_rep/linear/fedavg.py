@@ -17,9 +17,10 @@ from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import struct
 from fedjax_rep.linear import init as init_lib
+from fedjax_rep.linear.data_modes import Targets
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
-from fedjax_rep.linear.problem import Targets, check_data
+from fedjax_rep.linear.validation import check_data
 
 
 @struct.dataclass
@@ -30,12 +31,18 @@ class GlobalState:
 
 
 def model_loss_and_grad(batch, theta: jax.Array, count=None):
-  """One client's loss at the model theta = B w [d] and its gradient in theta [d].
+  """One client's loss at the model theta = B w and its gradient g in theta.
 
-  batch: (X [m, d], y [m]) for the sample loss (1/2 count)||X theta - y||^2 (count: the real
-  samples, padding rows being zero; default m), or `Targets` (one client's theta* [d]) for
-  the population loss 1/2 ||theta - theta*||^2. The gradients in B and w follow by the chain
-  rule: g w^T and B^T g.
+  The gradients in B and w follow by the chain rule: g w^T and B^T g.
+
+  Args:
+    batch: (X [m, d], y [m]) for the sample loss (1/2 count)||X theta - y||^2, or `Targets`
+      (one client's theta* [d]) for the population loss 1/2 ||theta - theta*||^2.
+    theta: the model [d].
+    count: the real samples of X (padding rows being zero); default m.
+
+  Returns:
+    (loss [], g [d]).
   """
   if isinstance(batch, Targets):
     residual = theta - batch.theta_star
@@ -47,8 +54,20 @@ def model_loss_and_grad(batch, theta: jax.Array, count=None):
 
 
 def local_gd(B, w, batch, lr, steps: int, train_body: bool = True, count=None):
-  """`steps` simultaneous GD steps on (B [d, k], w [k]) of one client's loss (see
-  `model_loss_and_grad`), or on w alone with train_body=False; returns the final (B, w)."""
+  """`steps` simultaneous GD steps on (B, w) of one client's loss, or on w alone.
+
+  Args:
+    B: the representation [d, k].
+    w: the head [k].
+    batch: the client's batch, as in `model_loss_and_grad`.
+    lr: the step size.
+    steps: the number of steps.
+    train_body: step B and w; False: w alone.
+    count: the batch's real samples, as in `model_loss_and_grad`.
+
+  Returns:
+    The final (B [d, k], w [k]).
+  """
 
   def step(_, params):
     B, w = params
@@ -59,9 +78,19 @@ def local_gd(B, w, batch, lr, steps: int, train_body: bool = True, count=None):
 
 
 def global_grad_norm(B, w, batch) -> jax.Array:
-  """||grad F(B, w)||: F the mean of the losses of the batch's clients (the round metric
-  passes all clients: the global objective of FedAvg-FT Eq. 6, with the 1/2 of f_i); the
-  norm is over both B and w."""
+  """||grad F(B, w)||, F the mean of the losses of the batch's clients.
+
+  The round metric passes all clients: F is then the global objective of FedAvg-FT Eq. 6,
+  with the 1/2 of f_i.
+
+  Args:
+    B: the representation [d, k].
+    w: the head [k].
+    batch: the clients' batches with a leading client axis [c, ...] (`model_loss_and_grad`).
+
+  Returns:
+    The norm [] over both B and w.
+  """
   grad = jnp.mean(jax.vmap(model_loss_and_grad, in_axes=(0, None))(batch, B @ w)[1], axis=0)
   return jnp.sqrt(jnp.sum(grad ** 2) * jnp.sum(w ** 2) + jnp.sum((B.T @ grad) ** 2))
 
@@ -76,9 +105,25 @@ def check_model(B, w, dim: int) -> None:
 
 
 def fine_tuned_models(B, w, batch, lr, steps: int, train_body: bool = True) -> jax.Array:
-  """Personal models theta_i = B_i w_i [c, d] after each client of `batch` fine-tunes the
-  global (B [d, k], w [k]) by `steps` GD steps on its own loss: head and body, or the head
-  only (train_body=False). FedAvg + FT."""
+  """Personal models theta_i = B_i w_i after each client fine-tunes the global (B, w).
+
+  Each client of `batch` takes `steps` GD steps on its own loss (`local_gd`): head and body,
+  or the head only (train_body=False). FedAvg + FT.
+
+  Args:
+    B: the global representation [d, k].
+    w: the global head [k].
+    batch: the clients' batches with a leading client axis [c, ...] (`model_loss_and_grad`).
+    lr: the step size.
+    steps: the number of GD steps.
+    train_body: fine-tune head and body; False: the head only.
+
+  Returns:
+    theta [c, d].
+
+  Raises:
+    ValueError: B is not [d, k] or w not [k] (d: the batch's last axis).
+  """
   check_model(B, w, jax.tree.leaves(batch)[0].shape[-1])
   B_i, w_i = jax.vmap(local_gd, in_axes=(None, None, 0, None, None, None))(
       B, w, batch, lr, steps, train_body)
@@ -100,7 +145,7 @@ class FedAvg:
                          local_steps=self.local_steps)
 
   def check(self, data, hparams: LinearHparams) -> None:
-    """The checks of a run, before anything compiles (`problem.check_data`); fewer samples
+    """The checks of a run, before anything compiles (`validation.check_data`); fewer samples
     than rep_dim warn only with per-client heads (`head_fit`)."""
     del hparams
     check_data(data, self.rep_dim, self.cohort, heads=self.head_fit)

@@ -11,8 +11,8 @@ once and memory is O(block); with `devices` > 1 the clients are split over devic
 (`core.sharding.over_clients`: each device scans its own blocks, one psum). Fresh data with
 sampler="statistics" run the clients in the 2k-dimensional basis of span[B, B*]
 (`fresh_statistics`). With full participation and exact heads, on fixed data or fresh data
-of the statistics sampler, the round can run as one C++ kernel instead (`native_round`,
-`FedRep.kernel`).
+of the statistics sampler, the round can run as one C++ kernel instead, when asked for
+(`FedRep(kernel="native")`, `fedjax_rep.native.fedrep_round`).
 """
 
 import dataclasses
@@ -24,7 +24,6 @@ import jax.numpy as jnp
 from fedjax_rep.core import aggregate
 from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
-from fedjax_rep.core import native
 from fedjax_rep.core import sharding
 from fedjax_rep.core import struct
 from fedjax_rep.core import tree
@@ -33,12 +32,13 @@ from fedjax_rep.linear import features
 from fedjax_rep.linear import fresh_statistics
 from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import init as init_lib
-from fedjax_rep.linear import native_round
+from fedjax_rep.linear.data_modes import FixedData, FreshData
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
-from fedjax_rep.linear.problem import FixedData, FreshData, check_data
+from fedjax_rep.linear.validation import check_data
 
 TRACED_HEAD_STEPS = "traced"  # FedRep.head_steps: read the number from hparams.head_steps
+KERNELS = ("xla", "native")  # FedRep.kernel
 
 
 @struct.dataclass
@@ -81,12 +81,13 @@ class FedRep:
   contiguous groups of clients (`cohort.sample_grouped`), each device drawing its own
   groups (a multiple of devices; default: devices when devices > 1, else the plain
   uniform cohort). Fixing it makes 1 and D devices give the same cohorts.
-  kernel: how a round with full participation and exact heads on fixed data or on fresh
-  data of the statistics sampler runs: "xla" (blocks of XLA ops), "native" (the C++ kernels
-  `native_round.fixed_round` / `fresh_round`, built on first use; an error before any work
-  where they cannot run) or "auto" (the kernel where it can run, the round's samples have >=
-  `native_round.AUTO_MIN_ELEMENTS` entries and it builds, else XLA). Both give the same
-  numbers up to float32 round-off; other rounds always run in XLA.
+  kernel: "xla" (the default: every round in blocks of XLA ops; never builds anything) or
+  "native" (opt-in: every round as the C++ kernel `fixed_round` / `fresh_round` of
+  `fedjax_rep.native.fedrep_round`, built with the machine's compiler on first use).
+  "native" runs only rounds with full participation (`round`, not `masked_round`) and exact
+  heads, on fixed data or fresh data of the statistics sampler, float32 on the CPU, rep_dim
+  <= 8; elsewhere, or where the kernel does not build, a one-line ValueError before any
+  work. The two agree up to float32 round-off, not bit for bit.
   """
   rep_dim: int
   cohort: int
@@ -97,15 +98,14 @@ class FedRep:
   block: int | None = None
   devices: int | None = None
   client_groups: int | None = None
-  kernel: str = "auto"
+  kernel: str = "xla"
 
   def __post_init__(self):
     checks.positive_ints("FedRep", rep_dim=self.rep_dim, cohort=self.cohort)
     blocks.block_size(1, 1, self.block)  # validates block
     sharding.check_devices(self.devices)
-    if self.kernel not in native_round.KERNELS:
-      raise ValueError(f"kernel must be one of {', '.join(native_round.KERNELS)}, got "
-                       f"{self.kernel!r}")
+    if self.kernel not in KERNELS:
+      raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
     groups = self.groups
     if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int)
                                or groups < 1 or groups % (self.devices or 1)):
@@ -120,57 +120,56 @@ class FedRep:
     return self.devices if (self.devices or 1) > 1 else None
 
   def check(self, data, hparams: LinearHparams) -> None:
-    """The checks of a run, before anything compiles (`problem.check_data`)."""
+    """The checks of a run, before anything compiles (`validation.check_data`)."""
     del hparams
     check_data(data, self.rep_dim, self.cohort)
     if self.kernel == "native":
       self._runs_native(data, self.cohort == data.num_clients)
 
   @staticmethod
-  def _native_kernel(data) -> str | None:
-    """The C++ kernel (`native_round`) of a round on `data`, or None."""
-    if isinstance(data, FixedData):
-      return native_round.FIXED
-    if isinstance(data, FreshData) and data.sampler == "statistics":
-      return native_round.FRESH
-    return None
+  def _native():
+    """The C++ kernels' module. Imported here, only for kernel="native", not at the top:
+    the default path never imports the kernels' build, let alone runs a compiler."""
+    from fedjax_rep.native import fedrep_round  # pylint: disable=import-outside-toplevel
+    return fedrep_round
 
   def _native_obstacle(self, data, full_participation: bool, key) -> str | None:
-    """Why a round on `data` drawn with `key` cannot run a C++ kernel, or None."""
+    """Why a round on `data` drawn with `key` cannot run the C++ kernel, or None once the
+    kernel is built and loaded."""
+    kernels = self._native()
     if self.head_steps is not None:
       return f"it computes exact heads only (head_steps=None, got {self.head_steps!r})"
-    if self._native_kernel(data) is None:
+    if isinstance(data, FixedData):
+      name, dtype = kernels.FIXED, data.X.dtype
+    elif isinstance(data, FreshData) and data.sampler == "statistics":
+      name, dtype = kernels.FRESH, data.problem.W_star.dtype
+    else:
       sampler = f"(sampler={data.sampler!r})" if isinstance(data, FreshData) else ""
       return (f"it runs on FixedData or FreshData(sampler='statistics') only (got "
               f"{type(data).__name__}{sampler})")
     if not full_participation:
       return f"it runs full participation only (cohort {self.cohort} < the number of clients)"
-    if isinstance(data, FixedData):
-      return native_round.unsupported(data.X.dtype, data.samples, self.rep_dim)
-    return (native_round.unsupported(data.problem.W_star.dtype, data.samples, self.rep_dim)
-            or native_round.unsupported_key(key))
+    obstacle = kernels.unsupported(dtype, data.samples, self.rep_dim)
+    if obstacle is None and name == kernels.FRESH:
+      obstacle = kernels.unsupported_key(key)
+    if obstacle is None:
+      try:
+        kernels.load(name)
+      except kernels.build.NativeUnavailable as error:
+        return str(error)
+    return obstacle
 
   def _runs_native(self, data, full_participation: bool, key=None) -> bool:
     """Whether a round on `data` (drawn with `key`; None: a key of the default
-    implementation) runs a C++ kernel (static; `kernel`). With kernel="native", a ValueError
-    saying why it cannot."""
+    implementation) runs the C++ kernel: never with kernel="xla"; always with
+    kernel="native", which builds and loads it here, or a ValueError saying why it cannot."""
     if self.kernel == "xla":
       return False
     key = jax.random.key(0) if key is None else key
     obstacle = self._native_obstacle(data, full_participation, key)
-    if self.kernel == "auto":
-      elements = data.num_clients * data.samples * (
-          data.X.shape[2] if isinstance(data, FixedData) else 2 * self.rep_dim)
-      return (obstacle is None and elements >= native_round.AUTO_MIN_ELEMENTS
-              and native_round.available(self._native_kernel(data)))
-    if obstacle is None:
-      try:
-        native_round.load(self._native_kernel(data))
-      except native.NativeUnavailable as error:
-        obstacle = str(error)
     if obstacle is not None:
       raise ValueError(f"FedRep(kernel='native') cannot run this round: {obstacle}; use "
-                       f"kernel='auto' or 'xla'")
+                       f"kernel='xla'")
     return True
 
   def init(self, key, data, hparams: LinearHparams) -> RepState:
@@ -210,6 +209,9 @@ class FedRep:
     if (self.devices or 1) > 1:
       raise ValueError(f"masked_round runs on one device; FedRep(devices={self.devices}) "
                        f"samples its cohort per device in `round`")
+    if self.kernel == "native":
+      raise ValueError("FedRep(kernel='native') runs full-participation rounds only, not "
+                       "masked_round (a given or padded cohort); use kernel='xla'")
     return self._round(state, key, data, hparams, "given", (clients, mask))
 
   def _round(self, state: RepState, key, data, hparams, mode: str, cohort=None):
@@ -257,10 +259,10 @@ class FedRep:
       if read:
         counts = (jnp.full((n,), data.samples, jnp.float32) if data.counts is None
                   else data.counts.astype(jnp.float32))
-        w, gradient, loss = native_round.fixed_round(data.X, data.y, counts, coords)
+        w, gradient, loss = self._native().fixed_round(data.X, data.y, counts, coords)
         return {"gradient": gradient, "loss": loss, "weight": jnp.full_like(loss, n)}, w
       problem = data.problem
-      w, gradient, loss, outside = native_round.fresh_round(
+      w, gradient, loss, outside = self._native().fresh_round(
           key, offset, problem.W_star, basis.T @ problem.B_star, coords, problem.noise_std,
           data.samples)
       return {"gradient": gradient, "loss": loss, "weight": jnp.full_like(loss, n),

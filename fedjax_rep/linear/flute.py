@@ -29,22 +29,41 @@ from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.fedrep import RepState
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
-from fedjax_rep.linear.problem import check_data
+from fedjax_rep.linear.validation import check_data
 
 LOSSES = {"half-mean": 0.5, "mean": 1.0}  # L_i = scale * (1/N) sum of squared residuals
 GAMMA1, GAMMA2 = 0.25, 0.125  # Theorem 5.1
 
 
 def regularizer(B: jax.Array, heads: jax.Array, gamma1, gamma2) -> jax.Array:
-  """R = -gamma1 ||B W||_F^2 + gamma2 (||B^T B||_F^2 + ||W W^T||_F^2); B [d, k], heads = W^T
-  [M, k]."""
+  """FLUTE's regulariser R = -gamma1 ||B W||_F^2 + gamma2 (||B^T B||_F^2 + ||W W^T||_F^2).
+
+  Args:
+    B: the representation [d, k].
+    heads: W^T [M, k], the M clients' heads.
+    gamma1: the weight of -||B W||_F^2.
+    gamma2: the weight of ||B^T B||_F^2 + ||W W^T||_F^2.
+
+  Returns:
+    R [].
+  """
   return (-gamma1 * jnp.sum((B @ heads.T) ** 2)
           + gamma2 * (jnp.sum((B.T @ B) ** 2) + jnp.sum((heads.T @ heads) ** 2)))
 
 
 def regularizer_grads(B: jax.Array, heads: jax.Array, gamma1, gamma2):
-  """(grad_B R [d, k], grad_heads R [M, k]) in closed form:
+  """The gradients of `regularizer` R in B and the heads, in closed form.
+
   grad_B = B (4 gamma2 B^T B - 2 gamma1 W W^T), grad_W^T = W^T (4 gamma2 W W^T - 2 gamma1 B^T B).
+
+  Args:
+    B: the representation [d, k].
+    heads: W^T [M, k], the M clients' heads.
+    gamma1: the weight of -||B W||_F^2.
+    gamma2: the weight of ||B^T B||_F^2 + ||W W^T||_F^2.
+
+  Returns:
+    (grad_B R [d, k], grad_heads R [M, k]).
   """
   BtB, WWt = B.T @ B, heads.T @ heads
   return (B @ (4 * gamma2 * BtB - 2 * gamma1 * WWt),
@@ -84,7 +103,7 @@ class Flute:
     checks.positive_ints("Flute", rep_dim=self.rep_dim)
 
   def check(self, data, hparams: LinearHparams) -> None:
-    """The checks of a run, before anything compiles (`problem.check_data`; every client
+    """The checks of a run, before anything compiles (`validation.check_data`; every client
     takes part every round)."""
     del hparams
     check_data(data, self.rep_dim)

@@ -5,8 +5,8 @@ Every function takes arrays with any leading batch axes (e.g. [clients, ...]) an
 safe to `vmap`; called on the whole cohort directly, `least_squares` moves Z to a
 [k, m, batch] layout that makes its reductions contiguous (under `vmap` the client axis
 stays leading). For k <= UNROLL_MAX the k x k solve is an unrolled Cholesky written in
-elementwise ops, which XLA vectorises across the batch: on CPU it is ~20x faster than a
-batched LAPACK solve of tiny matrices.
+elementwise ops, which XLA vectorises across the batch: on CPU it is much faster than a
+batched LAPACK solve of tiny matrices (see benchmarks/README.md).
 """
 
 import jax
@@ -95,7 +95,18 @@ def _cholesky_solve_loop(A: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def solve_spd(A: jax.Array, b: jax.Array) -> jax.Array:
-  """x [..., k] solving A x = b for symmetric positive definite A [..., k, k] (Cholesky)."""
+  """x solving A x = b for symmetric positive definite A, by Cholesky.
+
+  For k <= UNROLL_MAX an unrolled Cholesky in elementwise ops; above, a column loop in
+  batched XLA ops (no LAPACK call).
+
+  Args:
+    A: symmetric positive definite matrices [..., k, k].
+    b: right-hand sides [..., k].
+
+  Returns:
+    x [..., k].
+  """
   k = A.shape[-1]
   if k <= UNROLL_MAX:
     return _cholesky_solve_unrolled({(i, j): A[..., i, j] for i in range(k) for j in range(i, k)},
@@ -110,7 +121,7 @@ def _ridge(G: jax.Array, ridge: float) -> jax.Array:
 
 
 def least_squares(Z: jax.Array, y: jax.Array, ridge: float = RIDGE) -> jax.Array:
-  """w [..., k] = argmin_w ||Z w - y||^2 for Z [..., m, k], y [..., m].
+  """Least-squares heads w = argmin_w ||Z w - y||^2, batched over leading axes.
 
   The rule for every shape (documented, never NaN):
   - m >= k: normal equations (Z^T Z + lam I) w = Z^T y;
@@ -119,9 +130,17 @@ def least_squares(Z: jax.Array, y: jax.Array, ridge: float = RIDGE) -> jax.Array
   (or min-norm) solution up to a relative 1e-6; a singular Z gets the ridge solution, and an
   all-zero Z gives w = 0.
   The Gram matrices are finished before the solve starts (an optimization barrier): fused
-  into the unrolled solve, XLA recomputes their reductions and the round runs ~2x slower.
-  For k <= UNROLL_MAX and m >= k the solve works on the Gram entries directly (no [..., k, k]
-  arrays are formed).
+  into the unrolled solve, XLA would recompute their reductions (see benchmarks/README.md).
+  For k <= UNROLL_MAX and m >= k the solve works on the Gram entries directly (no
+  [..., k, k] arrays are formed).
+
+  Args:
+    Z: features [..., m, k].
+    y: labels [..., m].
+    ridge: the relative ridge of lam (default RIDGE, 1e-6).
+
+  Returns:
+    w [..., k].
   """
   m, k = Z.shape[-2:]
   if m >= k and k <= UNROLL_MAX:
@@ -138,7 +157,18 @@ def least_squares(Z: jax.Array, y: jax.Array, ridge: float = RIDGE) -> jax.Array
 
 
 def head_gd(Z: jax.Array, y: jax.Array, w: jax.Array, lr, steps: int) -> jax.Array:
-  """`steps` gradient steps on w of (1/2m) ||Z w - y||^2 from w [..., k] with step size lr."""
+  """`steps` gradient steps on w of (1/2m) ||Z w - y||^2, batched over leading axes.
+
+  Args:
+    Z: features [..., m, k].
+    y: labels [..., m].
+    w: the initial heads [..., k].
+    lr: the step size.
+    steps: the number of steps (static).
+
+  Returns:
+    The final heads w [..., k].
+  """
   m = Z.shape[-2]
 
   def step(_, w):
@@ -149,9 +179,15 @@ def head_gd(Z: jax.Array, y: jax.Array, w: jax.Array, lr, steps: int) -> jax.Arr
 
 
 def fit_models(X: jax.Array, y: jax.Array, B: jax.Array | None = None) -> jax.Array:
-  """Personal models theta_i = B w_i [n, d], w_i the least-squares head on X_i B [m, k].
+  """Personal models theta_i = B w_i, w_i the least-squares head on X_i B [m, k].
 
-  X [n, m, d], y [n, m]. B=None fits each client in R^d (local only, B = I_d).
+  Args:
+    X: the clients' samples [n, m, d].
+    y: their labels [n, m].
+    B: the representation [d, k]; None fits each client in R^d (local only, B = I_d).
+
+  Returns:
+    theta [n, d].
   """
   if B is None:
     return least_squares(X, y)

@@ -10,10 +10,18 @@ from fedjax_rep.linear.problem import orthonormal
 
 def method_of_moments(X: jax.Array, y: jax.Array, rep_dim: int,
                       counts: jax.Array | None = None) -> jax.Array:
-  """Top-k eigenvectors [d, k] of (1/n) sum_i Z_i, Z_i = (1/m_i) sum_j y_ij^2 x_ij x_ij^T.
+  """Top-k eigenvectors of (1/n) sum_i Z_i, Z_i = (1/m_i) sum_j y_ij^2 x_ij x_ij^T.
 
-  X [n, m, d], y [n, m]; m_i = counts[i] real samples (zero padding rows), default m.
-  Computed as one [d, n*m] x [n*m, d] product.
+  The moment matrix is computed as one [d, n*m] x [n*m, d] product.
+
+  Args:
+    X: the clients' samples [n, m, d] (zero padding rows).
+    y: their labels [n, m].
+    rep_dim: k, the number of eigenvectors.
+    counts: m_i, the real samples [n] of each client; default m.
+
+  Returns:
+    B0 [d, k].
   """
   n, m, d = X.shape
   weights = y ** 2 if counts is None else y ** 2 * (m / counts)[:, None]
@@ -65,11 +73,30 @@ METHODS = ("moments", "random", "random-scaled", "gaussian")
 
 def init_representation(key: jax.Array, data, rep_dim: int, method: str, lr=None,
                         block: int | None = None, devices: int | None = None) -> jax.Array:
-  """B0 [d, k]: 'moments' uses one batch from every client of `data` (`moment_matrix`,
-  in blocks of `block` clients over `devices` devices); 'random' is a random
-  orthonormal matrix; 'random-scaled' is that divided by sqrt(lr), so that sqrt(lr) B0 is
-  orthonormal (FedAvg-FT Theorem 1: ||I - lr B0^T B0|| = 0); 'gaussian' has i.i.d.
-  N(0, alpha^2) entries with FLUTE's alpha = 1/(10 d)."""
+  """The initial representation B0 by `method`.
+
+  - 'moments': the method of moments on one batch from every client of `data`
+    (`moment_matrix`, in blocks of `block` clients over `devices` devices);
+  - 'random': a random orthonormal matrix;
+  - 'random-scaled': that divided by sqrt(lr), so that sqrt(lr) B0 is orthonormal
+    (FedAvg-FT Theorem 1: ||I - lr B0^T B0|| = 0);
+  - 'gaussian': i.i.d. N(0, alpha^2) entries with FLUTE's alpha = 1/(10 d).
+
+  Args:
+    key: the PRNG key (the moments' batch or the random draw).
+    data: the linear data (`num_clients`, `dim`, `batch`; `design` to run in blocks).
+    rep_dim: k.
+    method: one of METHODS.
+    lr: the step size ('random-scaled' only).
+    block: clients per block ('moments'); None: sized to the cache (`blocks.block_size`).
+    devices: devices to shard the clients over ('moments'); None: one.
+
+  Returns:
+    B0 [d, k].
+
+  Raises:
+    ValueError: an unknown method.
+  """
   if method == "moments":
     if not hasattr(data, "design"):  # data without blocks: all clients at once
       clients = jnp.arange(data.num_clients)

@@ -4,7 +4,6 @@
 import jax
 import jax.numpy as jnp
 
-from fedjax_rep.core import executables
 from fedjax_rep.linear.fedavg import check_model, fine_tuned_models
 from fedjax_rep.linear.heads import fit_models
 from fedjax_rep.linear.metrics import mean_squared_error
@@ -12,23 +11,44 @@ from fedjax_rep.linear.problem import random_heads, sample
 
 
 def local_models(X: jax.Array, y: jax.Array) -> jax.Array:
-  """theta_i [n, d]: each client's least-squares fit in R^d on its own X_i [m, d], y_i [m]
-  (minimum-norm when m < d; see `heads.least_squares`)."""
+  """Local-only models: each client's least-squares fit in R^d on its own data.
+
+  Minimum-norm when m < d (see `heads.least_squares`).
+
+  Args:
+    X: the clients' samples [n, m, d].
+    y: their labels [n, m].
+
+  Returns:
+    theta [n, d].
+  """
   return fit_models(X, y)
 
 
-@executables.jit(static_argnames=("sample_counts", "num_clients", "test_samples"))
+@jax.jit(static_argnames=("sample_counts", "num_clients", "test_samples"))
 def new_client_error(key: jax.Array, B: jax.Array | None, B_star: jax.Array, noise_std,
                      sample_counts: tuple[int, ...], num_clients: int = 100,
                      test_samples: int = 500) -> jax.Array:
-  """Test MSE [len(sample_counts)] of new clients that fit only a head on a learned B.
+  """Test MSE of new clients that fit only a head on a learned B.
 
   `num_clients` new clients with ground-truth heads of norm sqrt(k) each draw
   max(sample_counts) samples; for each m_new in `sample_counts` they fit w by least squares
   on their first m_new samples projected by B (minimum-norm when m_new < k) and are tested
-  on `test_samples` fresh samples. B [d, k'] is the learned representation; B=None fits in
-  R^d (local only). Errors are mean squared errors over clients and test samples (noise
-  included). The same clients and samples serve every m_new and every B.
+  on `test_samples` fresh samples. The same clients and samples serve every m_new and
+  every B.
+
+  Args:
+    key: the PRNG key of the new clients' heads and samples.
+    B: the learned representation [d, k']; None fits in R^d (local only).
+    B_star: the ground-truth representation [d, k].
+    noise_std: the label noise's standard deviation.
+    sample_counts: the training samples m_new to evaluate (a tuple: static).
+    num_clients: the number of new clients (static).
+    test_samples: test samples per new client (static).
+
+  Returns:
+    The errors [len(sample_counts)]: mean squared errors over clients and test samples
+    (noise included).
   """
   if B is not None:
     check_model(B, None, B_star.shape[0])
@@ -40,18 +60,33 @@ def new_client_error(key: jax.Array, B: jax.Array | None, B_star: jax.Array, noi
                     for m in sample_counts])
 
 
-@executables.jit(static_argnames=("sample_counts", "num_clients", "steps",
+@jax.jit(static_argnames=("sample_counts", "num_clients", "steps",
                                              "train_body"))
 def fine_tune_error(key: jax.Array, B: jax.Array, w: jax.Array, B_star: jax.Array, noise_std,
                     lr, sample_counts: tuple[int, ...], num_clients: int = 100,
                     steps: int = 200, train_body: bool = True) -> jax.Array:
-  """Error [len(sample_counts)] of new clients that fine-tune a global model (B, w).
+  """Model error of new clients that fine-tune a global model (B, w) (FedAvg-FT Fig. 3).
+
+  The error is that of the figure's right panel.
 
   `num_clients` new clients with N(0, I_k) ground-truth heads w* each draw max(sample_counts)
-  samples (x ~ N(0, I_d), label noise std `noise_std`); for each n in `sample_counts` they
-  run `steps` full-batch GD steps (step size lr) on both B and w (or w only) over their first
-  n samples, from (B, w). Returns the mean over clients of ||B' w' - B* w*||^2 (FedAvg-FT
-  Fig. 3, right).
+  samples (x ~ N(0, I_d)); for each n in `sample_counts` they run `steps` full-batch GD
+  steps on both B and w (or w only) over their first n samples, from (B, w).
+
+  Args:
+    key: the PRNG key of the new clients' heads and samples.
+    B: the global representation [d, k].
+    w: the global head [k].
+    B_star: the ground-truth representation [d, k*].
+    noise_std: the label noise's standard deviation.
+    lr: the fine-tuning step size.
+    sample_counts: the training samples n to evaluate (a tuple: static).
+    num_clients: the number of new clients (static).
+    steps: GD steps of the fine-tuning (static).
+    train_body: fine-tune B and w; False: w only (static).
+
+  Returns:
+    The errors [len(sample_counts)]: the mean over clients of ||B' w' - B* w*||^2.
   """
   check_model(B, w, B_star.shape[0])
   key_heads, key_train = jax.random.split(key)

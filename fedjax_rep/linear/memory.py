@@ -28,11 +28,27 @@ USABLE = 0.9  # `check` leaves this fraction of the available memory to the run
 
 def estimate(num_clients: int, dim: int, rep_dim: int, samples: int, mode: str = "fresh", *,
              block: int | None = None, devices: int = 1, test_samples: int = 0) -> dict:
-  """Bytes by component of a FedRep run with full participation (partial needs less):
-  'data' (fixed: X [n, m, d] and y [n, m], plus test samples), 'ground_truth' (W* [n, k]),
-  'heads' (copies of [n, k] arrays), 'blocks' (each device's block temporaries), 'runtime'
-  (the process itself), and 'total' (their sum). Measured peaks were within ~15% of the
-  total (benchmarks/scale.py)."""
+  """Bytes by component of a FedRep run with full participation (partial needs less).
+
+  Args:
+    num_clients: n.
+    dim: d.
+    rep_dim: k.
+    samples: m, the samples per client.
+    mode: the data mode, one of MODES ("fixed", "fresh", "fresh-statistics").
+    block: clients per block; None: `blocks.block_size`'s default.
+    devices: devices the clients are sharded over.
+    test_samples: test samples per client (fixed data).
+
+  Returns:
+    A dict of bytes: 'data' (fixed: X [n, m, d] and y [n, m], plus test samples),
+    'ground_truth' (W* [n, k]), 'heads' (copies of [n, k] arrays), 'blocks' (each device's
+    block temporaries), 'runtime' (the process itself), and 'total' (their sum). Measured
+    peaks were within ~15% of the total (benchmarks/scale.py).
+
+  Raises:
+    ValueError: an unknown mode, or a size that is not an integer >= 1.
+  """
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
   for name, value in (("num_clients", num_clients), ("dim", dim), ("rep_dim", rep_dim),
@@ -92,8 +108,25 @@ def describe(parts: dict) -> str:
 def check(num_clients: int, dim: int, rep_dim: int, samples: int, mode: str = "fresh", *,
           block: int | None = None, devices: int = 1, test_samples: int = 0,
           available: int | None = None) -> dict:
-  """`estimate(...)`, after raising ValueError (one line) if its total exceeds USABLE (90%)
-  of `available` bytes (default `available_bytes(devices)`)."""
+  """`estimate(...)`, after checking that its total fits the memory available.
+
+  Args:
+    num_clients: n, as in `estimate`.
+    dim: d.
+    rep_dim: k.
+    samples: m, the samples per client.
+    mode: the data mode, one of MODES.
+    block: clients per block, as in `estimate`.
+    devices: devices the clients are sharded over.
+    test_samples: test samples per client (fixed data).
+    available: the bytes available; default `available_bytes(devices)`.
+
+  Returns:
+    The dict of `estimate`.
+
+  Raises:
+    ValueError: (one line) the total exceeds USABLE (90%) of `available`.
+  """
   parts = estimate(num_clients, dim, rep_dim, samples, mode, block=block, devices=devices,
                    test_samples=test_samples)
   available = available_bytes(devices) if available is None else available

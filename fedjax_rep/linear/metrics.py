@@ -7,7 +7,14 @@ import jax.numpy as jnp
 def principal_angle(B: jax.Array, B_star: jax.Array) -> jax.Array:
   """dist(B, B*) = ||(I - Q Q^T) Q*||_2: the sine of the largest principal angle (not squared).
 
-  Q, Q* are orthonormal bases of col(B) [d, k] and col(B*) [d, k*].
+  Q, Q* are orthonormal bases of col(B) and col(B*).
+
+  Args:
+    B: the representation [d, k].
+    B_star: the ground truth [d, k*].
+
+  Returns:
+    The distance [], in [0, 1].
   """
   Q = jnp.linalg.qr(B)[0]
   Q_star = jnp.linalg.qr(B_star)[0]
@@ -16,12 +23,29 @@ def principal_angle(B: jax.Array, B_star: jax.Array) -> jax.Array:
 
 
 def mean_squared_error(theta: jax.Array, X: jax.Array, y: jax.Array) -> jax.Array:
-  """Mean over clients and samples of (x^T theta_i - y)^2; theta [n, d], X [n, m, d], y [n, m]."""
+  """Mean over clients and samples of (x^T theta_i - y)^2.
+
+  Args:
+    theta: the clients' models [n, d].
+    X: their samples [n, m, d].
+    y: their labels [n, m].
+
+  Returns:
+    The mean squared error [].
+  """
   return jnp.mean((jnp.einsum("nmd,nd->nm", X, theta) - y) ** 2)
 
 
 def model_error(theta: jax.Array, models: jax.Array) -> jax.Array:
-  """(1/n) sum_i ||theta_i - theta_i*|| (norms, not squared) for theta, models [n, d]."""
+  """Mean model error (1/n) sum_i ||theta_i - theta_i*|| (norms, not squared).
+
+  Args:
+    theta: the clients' models [n, d].
+    models: the ground-truth models theta* [n, d].
+
+  Returns:
+    The mean error [].
+  """
   return jnp.mean(jnp.linalg.norm(theta - models, axis=-1))
 
 

@@ -1,38 +1,27 @@
-"""Linear shared-representation problems and their client data.
+"""Ground truth of linear shared-representation problems, and samples drawn from it.
 
-Ground truth (FedRep, Section 4): y = x^T B* w_i* + noise, with B* [d, k] orthonormal,
-||w_i*|| = sqrt(k), x ~ N(0, I_d), noise ~ N(0, noise_std^2).
-
-Data modes (`core.protocols.ClientData`), all with `num_clients`, `B_star`, `batch(key,
-clients)`, `refit_models(B)` and `model_metrics(theta_fn)`:
-- `FixedData`: a fixed local dataset per client (X [n, m, d], y [n, m]); optional held-out
-  test samples. Also how users bring their own data (`client_data`).
-- `FreshData`: every time a client is sampled it draws m fresh samples, generated on the
-  device from the round key (FedRep Algorithm 2). Memory is O(block of clients), not
-  O(rounds) nor O(clients x samples). sampler="statistics" draws only what a FedRep round
-  uses (`fresh_statistics`), exactly in distribution.
-
-FixedData and FreshData also give blocked rounds their clients' designs (`design`: data in
-the round's `basis`) and the partition of their leaves over devices (`client_specs`).
+FedRep (Section 4): y = x^T B* w_i* + noise, with B* [d, k] orthonormal, ||w_i*|| = sqrt(k),
+x ~ N(0, I_d), noise ~ N(0, noise_std^2). The data that runs train on (fixed, fresh or
+population) are in `data_modes`; their checks in `validation`.
 """
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import PartitionSpec
 
-from fedjax_rep.core import checks
 from fedjax_rep.core import struct
 from fedjax_rep.linear import features
-from fedjax_rep.linear import fresh_statistics
-from fedjax_rep.linear import heads as heads_lib
-from fedjax_rep.linear import metrics as metrics_lib
 from fedjax_rep.linear import normals
 
 
 @struct.dataclass
 class LinearProblem:
-  """Ground truth: B_star [d, k] orthonormal, W_star [n, k] heads, label noise std."""
+  """Ground truth of a linear shared-representation problem.
+
+  Attributes:
+    B_star: [dim, rep_dim] float array with orthonormal columns, the shared representation B*.
+    W_star: [clients, rep_dim] float array, the clients' heads w_i*.
+    noise_std: scalar float array, the standard deviation of the label noise.
+  """
   B_star: jax.Array
   W_star: jax.Array
   noise_std: jax.Array
@@ -55,8 +44,21 @@ def orthonormal(key: jax.Array, dim: int, rep_dim: int) -> jax.Array:
 
 def make_problem(key: jax.Array, num_clients: int, dim: int, rep_dim: int,
                  noise_std: float, normalize_heads: bool = True) -> LinearProblem:
-  """Ground truth: orthonormal B* [d, k] and Gaussian heads W* [n, k], rescaled to norm
-  sqrt(k) (FedRep) unless normalize_heads=False (FedAvg-FT: plain N(0, 1) entries)."""
+  """Draws a ground truth: an orthonormal B* and Gaussian heads W*.
+
+  Args:
+    key: PRNG key.
+    num_clients: number of clients n.
+    dim: data dimension d.
+    rep_dim: representation dimension k.
+    noise_std: standard deviation of the label noise.
+    normalize_heads: rescale each head to norm sqrt(k) (FedRep); False keeps plain N(0, 1)
+      entries (FedAvg-FT).
+
+  Returns:
+    A `LinearProblem`: B_star [d, k] and W_star [n, k] float arrays, noise_std a float32
+    scalar.
+  """
   key_b, key_w = jax.random.split(key)
   heads = (random_heads(key_w, num_clients, rep_dim) if normalize_heads
            else jax.random.normal(key_w, (num_clients, rep_dim)))
@@ -66,12 +68,22 @@ def make_problem(key: jax.Array, num_clients: int, dim: int, rep_dim: int,
 
 def sample(key: jax.Array, B_star: jax.Array, heads: jax.Array, noise_std, num_samples: int,
            ids: jax.Array | None = None):
-  """Samples X [c, m, d], y [c, m] of c clients with ground-truth heads `heads` [c, k].
+  """Samples y = x^T B_star head + noise_std * N(0, 1), x ~ N(0, I_d), for c clients.
 
-  y = x^T B_star head + noise_std * N(0, 1), x ~ N(0, I_d). Client j's samples are seeded by
-  fold_in(key, ids[j]) (ids default to 0..c-1), so they do not depend on the other clients;
-  the normals are jax.random.normal's, bit for bit (`normals.normal`). The noiseless labels
-  are one product over all c clients (`features`).
+  Client j's samples are seeded by fold_in(key, ids[j]), so they do not depend on the other
+  clients; the normals are jax.random.normal's, bit for bit (`normals.normal`). The
+  noiseless labels are one product over all c clients (`features`).
+
+  Args:
+    key: PRNG key.
+    B_star: [dim, rep_dim] float array, the ground-truth representation.
+    heads: [clients, rep_dim] float array, the clients' ground-truth heads.
+    noise_std: scalar, the standard deviation of the label noise.
+    num_samples: number of samples m per client.
+    ids: [clients] int array, the ids that seed the clients' samples (None: 0..c-1).
+
+  Returns:
+    (X, y): X [clients, num_samples, dim] and y [clients, num_samples] float arrays.
   """
   ids = jnp.arange(heads.shape[0]) if ids is None else ids
   dim = B_star.shape[0]
@@ -85,365 +97,16 @@ def sample(key: jax.Array, B_star: jax.Array, heads: jax.Array, noise_std, num_s
 
 
 def sample_clients(key: jax.Array, problem: LinearProblem, clients: jax.Array, num_samples: int):
-  """Fresh samples X [c, m, d], y [c, m] of the clients with indices `clients` [c]."""
+  """Draws fresh samples of some of `problem`'s clients (`sample` with their heads).
+
+  Args:
+    key: PRNG key.
+    problem: the ground truth.
+    clients: [c] int array, the clients' indices; they also seed their samples.
+    num_samples: number of samples m per client.
+
+  Returns:
+    (X, y): X [c, num_samples, dim] and y [c, num_samples] float arrays.
+  """
   return sample(key, problem.B_star, problem.W_star[clients], problem.noise_std, num_samples,
                 ids=clients)
-
-
-@struct.dataclass
-class FixedData:
-  """Fixed local datasets: X [n, m, d], y [n, m]; optional test set, ground-truth subspace
-  B* [d, k] and ground-truth models theta_i* (`models` [n, d], e.g. under-parameterised).
-
-  Datasets of different sizes are padded to m with zero rows, with `counts` [n] the number
-  of real samples of each client (None: all m are real).
-  """
-  X: jax.Array
-  y: jax.Array
-  X_test: jax.Array | None = None
-  y_test: jax.Array | None = None
-  B_star: jax.Array | None = None
-  counts: jax.Array | None = None
-  models: jax.Array | None = None
-
-  def check_layout(self) -> None:
-    """Raises ValueError unless the arrays' shapes agree: X [n, m, d] with n, m >= 1, y [n, m],
-    counts [n] in [1, m] (where concrete), X_test [n, t, d] with y_test [n, t], models [n, d],
-    B_star [d, k']."""
-    X, y = self.X, self.y
-    if len(X.shape) != 3 or tuple(y.shape) != tuple(X.shape[:2]):
-      raise ValueError(f"client data must be X [clients, samples, dim] and y [clients, samples]; "
-                       f"got X {tuple(X.shape)} and y {tuple(y.shape)}")
-    n, m, d = X.shape
-    checks.in_range("num_clients (X.shape[0])", n, 1,
-                    advice="pass the data of at least one client")
-    checks.in_range("samples per client (X.shape[1])", m, 1,
-                    advice="every client needs at least one sample")
-    if self.counts is not None:
-      rule = f"counts must be [clients={n}] integers in [1, samples={m}]"
-      if tuple(self.counts.shape) != (n,):
-        raise ValueError(f"{rule}; got shape {tuple(self.counts.shape)}")
-      bad = np.flatnonzero((self.counts < 1) | (self.counts > m)) if checks.concrete(
-          self.counts) else []
-      if len(bad):
-        raise ValueError(f"{rule}; got counts[{bad[0]}] = {self.counts[bad[0]]} (client "
-                         f"{bad[0]}): a client needs at least one sample; drop empty clients")
-    if (self.X_test is None) != (self.y_test is None):
-      raise ValueError("pass both X_test and y_test, or neither")
-    if self.X_test is not None:
-      X_test, y_test = self.X_test, self.y_test
-      if (len(X_test.shape) != 3 or X_test.shape[0] != n or X_test.shape[2] != d
-          or tuple(y_test.shape) != tuple(X_test.shape[:2])):
-        raise ValueError(f"test data must be X_test [{n}, samples, {d}] and y_test [{n}, "
-                         f"samples]; got {tuple(X_test.shape)} and {tuple(y_test.shape)}")
-    if self.models is not None and tuple(self.models.shape) != (n, d):
-      raise ValueError(f"models must be [clients={n}, dim={d}]; got {tuple(self.models.shape)}")
-    if self.B_star is not None and (len(self.B_star.shape) != 2 or self.B_star.shape[0] != d):
-      raise ValueError(f"B_star must be [dim={d}, rep_dim]; got {tuple(self.B_star.shape)}")
-
-  def check(self, rep_dim: int, heads: bool = True) -> None:
-    """Raises ValueError on data a linear algorithm with rep_dim k cannot run on: a bad layout
-    (`check_layout`), k > d, non-finite values (naming the client and sample), values too
-    large for float32 (`check_scale`). Warns on clients whose X is all zero and, where
-    clients fit heads (`heads`), on clients with fewer samples than k. Values are checked
-    where concrete (`core.checks`)."""
-    self.check_layout()
-    n, m, d = self.X.shape
-    checks.in_range("rep_dim", rep_dim, 1, d, "the data's dimension d", "choose a smaller rep_dim")
-    for name in ("X", "y", "X_test", "y_test"):
-      checks.finite(name, getattr(self, name), ("client", "sample"))
-    checks.finite("models", self.models, ("client",), "ground-truth models must be finite")
-    checks.finite("B_star", self.B_star, advice="the ground-truth subspace must be finite")
-    if not checks.concrete(self.X, self.y):
-      return
-    check_scale("X", "y", self.X, self.y)
-    if self.X_test is not None:
-      check_scale("X_test", "y_test", self.X_test, self.y_test)
-    zero = np.flatnonzero(~checks.any_nonzero(self.X, (1, 2)))
-    if zero.size:
-      checks.warn(f"{zero.size} of {n} clients have only zeros in X "
-                  f"({checks.clients_text(zero)}): they carry no signal for the representation "
-                  f"or their heads; drop them or check how the data were built")
-    counts = np.full(n, m) if self.counts is None else self.counts
-    few = np.flatnonzero(counts < rep_dim)
-    if heads and few.size:
-      checks.warn(f"{few.size} of {n} clients have fewer samples than rep_dim = {rep_dim} "
-                  f"({checks.clients_text(few)}): their least-squares heads are "
-                  f"underdetermined (minimum-norm) and say little about the representation; "
-                  f"give every client >= {rep_dim} samples or lower rep_dim")
-
-  def sample_counts(self, clients: jax.Array) -> jax.Array:
-    """Number of real samples [c] of clients `clients` [c]."""
-    if self.counts is None:
-      return jnp.full(clients.shape, self.samples, jnp.float32)
-    return self.counts[clients].astype(jnp.float32)
-
-  @property
-  def num_clients(self) -> int:
-    return self.X.shape[0]
-
-  @property
-  def samples(self) -> int:
-    return self.X.shape[1]
-
-  @property
-  def dim(self) -> int:
-    return self.X.shape[2]
-
-  def batch(self, key: jax.Array, clients: jax.Array):
-    """The local datasets (X [c, m, d], y [c, m]) of clients `clients` [c]."""
-    del key
-    if clients.shape[0] == self.num_clients:  # full participation: clients == arange(n)
-      return self.X, self.y
-    return self.X[clients], self.y[clients]
-
-  def basis(self, B: jax.Array) -> None:
-    """None: a round works on the clients' data in R^d."""
-    del B
-
-  def design(self, key: jax.Array, clients: jax.Array, basis: None, offset=0,
-             contiguous: bool = False):
-    """(X [c, m, d], y [c, m]) of clients `clients` [c] (local indices; `offset` unused).
-    contiguous=True: clients are clients[0] + arange(c), read as a slice (no gather)."""
-    del key, basis, offset
-    if not contiguous:
-      return self.X[clients], self.y[clients]
-    size = clients.shape[0]
-    return (jax.lax.dynamic_slice_in_dim(self.X, clients[0], size),
-            jax.lax.dynamic_slice_in_dim(self.y, clients[0], size))
-
-  def client_specs(self, spec: PartitionSpec) -> "FixedData":
-    """The data with `spec` at its per-client leaves and P() (replicated) at B_star."""
-    per_client = {name: None if getattr(self, name) is None else spec
-                  for name in ("X", "y", "X_test", "y_test", "counts", "models")}
-    return self.replace(**per_client, B_star=None if self.B_star is None else PartitionSpec())
-
-  def refit_models(self, B: jax.Array) -> jax.Array:
-    """theta_i = B w_i [n, d] with each client's least-squares head on its own data for B."""
-    return heads_lib.fit_models(self.X, self.y, B)
-
-  def model_metrics(self, theta_fn) -> dict:
-    """test_error (with a test set) and model_error (with ground-truth models) of the
-    personal models theta_fn() [n, d]; theta_fn is called only if one of them applies."""
-    if self.X_test is None and self.models is None:
-      return {}
-    theta, metrics = theta_fn(), {}
-    if self.X_test is not None:
-      metrics["test_error"] = metrics_lib.mean_squared_error(theta, self.X_test, self.y_test)
-    if self.models is not None:
-      metrics["model_error"] = metrics_lib.model_error(theta, self.models)
-    return metrics
-
-
-@struct.dataclass
-class ProblemData:
-  """Data drawn from a known ground truth `problem` (base of FreshData, PopulationData)."""
-  problem: LinearProblem
-
-  @property
-  def num_clients(self) -> int:
-    return self.problem.num_clients
-
-  @property
-  def dim(self) -> int:
-    return self.problem.B_star.shape[0]
-
-  @property
-  def B_star(self) -> jax.Array:
-    return self.problem.B_star
-
-  def check(self, rep_dim: int, heads: bool = True) -> None:
-    """Raises ValueError on a problem a linear algorithm with rep_dim k cannot run on: B_star
-    not [d, k*] or W_star not [n, k*] with n >= 1, k > d, non-finite B_star, W_star or
-    noise_std, noise_std < 0 (values where concrete). `heads`: see `FreshData.check`."""
-    del heads
-    B_star, W_star, noise_std = self.problem.B_star, self.problem.W_star, self.problem.noise_std
-    if len(B_star.shape) != 2 or len(W_star.shape) != 2 or B_star.shape[1] != W_star.shape[1]:
-      raise ValueError(f"the problem must have B_star [dim, k*] and W_star [clients, k*]; got "
-                       f"{tuple(B_star.shape)} and {tuple(W_star.shape)}")
-    checks.in_range("num_clients (W_star.shape[0])", W_star.shape[0], 1,
-                    advice="the problem needs at least one client")
-    checks.in_range("rep_dim", rep_dim, 1, self.dim, "the data's dimension d",
-                    "choose a smaller rep_dim")
-    checks.finite("B_star", B_star, advice="the ground-truth subspace must be finite")
-    checks.finite("W_star", W_star, ("client",), "ground-truth heads must be finite")
-    checks.finite("noise_std", noise_std, advice="it must be a finite number >= 0")
-    if checks.concrete(noise_std) and np.any(noise_std < 0):
-      raise ValueError(f"noise_std = {noise_std} is out of range: it must be >= 0")
-
-  def refit_models(self, B: jax.Array) -> None:
-    """None: there are no fixed local datasets to refit heads on (clients keep theirs)."""
-    del B
-
-  def model_metrics(self, theta_fn) -> dict:
-    """No held-out data: nothing to measure beyond the round's own metrics."""
-    del theta_fn
-    return {}
-
-
-SAMPLERS = ("direct", "statistics")
-
-
-@struct.dataclass
-class FreshData(ProblemData):
-  """Fresh samples per round from `problem`: `samples` (m) per sampled client.
-
-  sampler (static): "direct" draws X [m, d] and y (the reference); "statistics" lets
-  FedRep rounds draw only A = X Q [m, 2k] and y in the round's basis Q of span[B, B*] plus
-  one [d, k] draw per round (`fresh_statistics`): the same distribution of the round's
-  outputs with m(2k+1) normals per client instead of m(d+1). `batch` (other algorithms,
-  the initialisation) always samples directly.
-  """
-  samples: int = struct.static_field()
-  sampler: str = struct.static_field(default="direct")
-
-  def __post_init__(self):
-    if self.sampler not in SAMPLERS:
-      raise ValueError(f"FreshData sampler must be one of {SAMPLERS}, got {self.sampler!r}")
-    checks.positive_ints("FreshData", samples=self.samples)
-
-  def check(self, rep_dim: int, heads: bool = True) -> None:
-    """`ProblemData.check`, and where clients fit heads (`heads`) a warning when every
-    client draws fewer samples per round than k."""
-    super().check(rep_dim)
-    if heads and self.samples < rep_dim:
-      checks.warn(f"every client draws samples = {self.samples} < rep_dim = {rep_dim} per "
-                  f"round: the least-squares heads are underdetermined (minimum-norm) and say "
-                  f"little about the representation; draw >= {rep_dim} samples or lower rep_dim")
-
-  def sample_counts(self, clients: jax.Array) -> jax.Array:
-    return jnp.full(clients.shape, self.samples, jnp.float32)
-
-  def batch(self, key: jax.Array, clients: jax.Array):
-    """m fresh samples (X [c, m, d], y [c, m]) for each client in `clients` [c].
-
-    The barrier makes XLA generate the samples once, instead of fusing the generator into
-    each of their consumers (which would draw them twice per round).
-    """
-    return jax.lax.optimization_barrier(sample_clients(key, self.problem, clients, self.samples))
-
-  def basis(self, B: jax.Array) -> jax.Array | None:
-    """The round's basis: Q [d, 2k] containing span[B, B*] ("statistics"), else None."""
-    if self.sampler == "direct":
-      return None
-    return fresh_statistics.basis(B, self.problem.B_star)
-
-  def design(self, key: jax.Array, clients: jax.Array, basis: jax.Array | None, offset=0,
-             contiguous: bool = False):
-    """Fresh (V [c, m, p], y [c, m]) of clients `clients` [c] (local indices; client ids
-    offset + clients seed them by fold_in(key, id)): V = X [c, m, d] (basis None, the
-    samples of `batch`) or V = X Q [c, m, p] drawn directly (`fresh_statistics.sample`).
-    No optimization barrier: the draw's labels and a FedRep round both multiply V's rows
-    [c m, p], so XLA generates V once; a barrier here made it generate the statistics
-    sampler's V twice (for two shapes of it)."""
-    problem = self.problem
-    heads = (jax.lax.dynamic_slice_in_dim(problem.W_star, clients[0], clients.shape[0])
-             if contiguous else problem.W_star[clients])
-    ids = clients + offset
-    if basis is None:
-      return sample(key, problem.B_star, heads, problem.noise_std, self.samples, ids)
-    return fresh_statistics.sample(key, basis.T @ problem.B_star, heads, problem.noise_std,
-                                   self.samples, ids)
-
-  def client_specs(self, spec: PartitionSpec) -> "FreshData":
-    """The data with `spec` at the heads W* and P() (replicated) elsewhere."""
-    replicated = PartitionSpec()
-    return self.replace(problem=LinearProblem(B_star=replicated, W_star=spec,
-                                              noise_std=replicated))
-
-
-@struct.dataclass
-class Targets:
-  """Population batch of clients: their ground-truth models theta_i* = B* w_i* [c, d]."""
-  theta_star: jax.Array
-
-
-@struct.dataclass
-class PopulationData(ProblemData):
-  """Population losses f_i(B, w) = 1/2 ||B w - B* w_i*||^2: exact gradients, no samples
-  (the setting of the FedAvg-FT theory)."""
-
-  def sample_counts(self, clients: jax.Array) -> jax.Array:
-    """Every client weighs the same in the population objective."""
-    return jnp.ones(clients.shape, jnp.float32)
-
-  def batch(self, key: jax.Array, clients: jax.Array) -> Targets:
-    """The targets theta_i* [c, d] of clients `clients` [c]."""
-    del key
-    return Targets(theta_star=self.problem.W_star[clients] @ self.problem.B_star.T)
-
-
-_sample_clients = jax.jit(sample_clients, static_argnums=3)
-
-
-def make_fixed_data(key: jax.Array, problem: LinearProblem, samples: int,
-                    test_samples: int = 0) -> FixedData:
-  """A fixed dataset of `samples` per client drawn from `problem` (+ `test_samples` held out).
-
-  Drawn in one compiled program: its peak memory is the dataset's, not that of the
-  generator's [n, m, d] temporaries of op-by-op execution (~4x)."""
-  key_train, key_test = jax.random.split(key)
-  clients = jnp.arange(problem.num_clients)
-  X, y = _sample_clients(key_train, problem, clients, samples)
-  X_test = y_test = None
-  if test_samples:
-    X_test, y_test = _sample_clients(key_test, problem, clients, test_samples)
-  return FixedData(X=X, y=y, X_test=X_test, y_test=y_test, B_star=problem.B_star)
-
-
-def client_data(X, y, *, X_test=None, y_test=None, B_star=None, counts=None) -> FixedData:
-  """Wraps user-supplied client data (X [n, m, d], y [n, m]) after checking their layout
-  (`FixedData.check_layout`; their values are checked when a run starts).
-
-  For datasets of different sizes pass `counts` [n]: client i's real samples are its first
-  counts[i] rows; the rest are padding and are set to zero here.
-  """
-  as_array = lambda a, dtype=jnp.float32: None if a is None else jnp.asarray(a, dtype)
-  data = FixedData(X=as_array(X), y=as_array(y), X_test=as_array(X_test),
-                   y_test=as_array(y_test), B_star=as_array(B_star),
-                   counts=as_array(counts, jnp.int32))
-  checks.host(data).check_layout()
-  if counts is None:
-    return data
-  real = jnp.arange(data.samples)[None, :] < data.counts[:, None]
-  return data.replace(X=jnp.where(real[..., None], data.X, 0.0), y=jnp.where(real, data.y, 0.0))
-
-
-def check_scale(x_name: str, y_name: str, X, y) -> None:
-  """Raises ValueError when the sum over samples of (1 + |x|^2)(1 + y^2), which bounds the
-  Gram and moment matrices and the losses that linear training forms, overflows float32;
-  X [n, m, d], y [n, m] (finite; numpy, or jax arrays on their accelerator: summed there in
-  float32 first, and copied to the host only when that sum comes near float32's limit)."""
-  if isinstance(X, jax.Array):
-    if float(_scale_bound(X, y)) < checks.FLOAT32_MAX / 2:
-      return
-    X, y = np.asarray(X), np.asarray(y)
-  with np.errstate(over="ignore"):
-    squares = np.einsum("nmd,nmd->nm", X, X)  # in X's dtype: overflows to inf
-  scale = (1.0 + squares.astype(np.float64)) * (1.0 + y.astype(np.float64) ** 2)
-  total = scale.sum()
-  if total < checks.FLOAT32_MAX:
-    return
-  client, sample = np.unravel_index(np.argmax(scale), scale.shape)
-  raise ValueError(f"{x_name} and {y_name} are too large for float32: the sum over samples of "
-                   f"(1 + |x|^2)(1 + y^2) is {total:.3g}, past float32's "
-                   f"{checks.FLOAT32_MAX:.3g} (largest at client {client}, sample {sample}); "
-                   f"rescale the data (e.g. standardise X and y)")
-
-
-@jax.jit
-def _scale_bound(X: jax.Array, y: jax.Array) -> jax.Array:
-  """`check_scale`'s sum in float32, one fused pass on the arrays' device."""
-  return jnp.sum((1.0 + jnp.sum(X * X, axis=-1)) * (1.0 + y * y))
-
-
-def check_data(data, rep_dim: int, cohort: int | None = None, heads: bool = True) -> None:
-  """A linear algorithm's checks of one run's data (its `check`, before anything compiles):
-  the data's own `check` for rep_dim k (data without one: none; `heads`: the clients fit
-  heads, so fewer samples than k warn), then 1 <= cohort <= num_clients (None: every client
-  takes part every round)."""
-  if hasattr(data, "check"):
-    data.check(rep_dim, heads)
-  if cohort is not None:
-    checks.in_range("cohort", cohort, 1, data.num_clients, "the number of clients",
-                    "sample at most that many clients per round")

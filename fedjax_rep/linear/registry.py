@@ -8,28 +8,41 @@ from fedjax_rep.linear.fedrep import FedRep
 from fedjax_rep.linear.flute import Flute
 
 
-def _fedrep(name, *, rep_dim, cohort, init_method="moments", **_):
-  return FedRep(rep_dim=rep_dim, cohort=cohort, init_method=init_method, name=name)
+def _xla_only(name, kernel):
+  """ValueError unless kernel is "xla": only exact-head FedRep has a C++ kernel."""
+  if kernel != "xla":
+    raise ValueError(f"kernel={kernel!r} is for 'fedrep' and 'fedrep-ri' only (exact-head "
+                     f"FedRep); {name!r} runs kernel='xla' only")
 
 
-def _fedrep_ri(name, *, rep_dim, cohort, **_):
-  return FedRep(rep_dim=rep_dim, cohort=cohort, init_method="gaussian", name=name)
+def _fedrep(name, *, rep_dim, cohort, init_method="moments", kernel="xla", **_):
+  return FedRep(rep_dim=rep_dim, cohort=cohort, init_method=init_method, name=name,
+                kernel=kernel)
 
 
-def _gd_gd(name, *, rep_dim, cohort, init_method="moments", **_):
+def _fedrep_ri(name, *, rep_dim, cohort, kernel="xla", **_):
+  return FedRep(rep_dim=rep_dim, cohort=cohort, init_method="gaussian", name=name,
+                kernel=kernel)
+
+
+def _gd_gd(name, *, rep_dim, cohort, init_method="moments", kernel="xla", **_):
+  _xla_only(name, kernel)
   steps = int(re.fullmatch(r"(\d*)gd-gd", name).group(1) or 1)
   return FedRep(rep_dim=rep_dim, cohort=cohort, head_steps=steps, init_method=init_method,
                 name=name)
 
 
-def _fedavg(name, *, rep_dim, cohort, local_steps=1, init_method="moments", **_):
+def _fedavg(name, *, rep_dim, cohort, local_steps=1, init_method="moments", kernel="xla",
+            **_):
+  _xla_only(name, kernel)
   match = re.fullmatch(r"fedavg-tau(\d+)", name)
   steps = 1 if name == "d-gd" else int(match.group(1)) if match else local_steps
   return FedAvg(rep_dim=rep_dim, cohort=cohort, local_steps=steps, init_method=init_method,
                 name=name)
 
 
-def _flute(name, *, rep_dim, loss="half-mean", **_):
+def _flute(name, *, rep_dim, loss="half-mean", kernel="xla", **_):
+  _xla_only(name, kernel)
   return Flute(rep_dim=rep_dim, loss=loss, name=name)
 
 
@@ -56,11 +69,15 @@ ALGORITHMS = registry.ALGORITHMS["linear"]
 
 
 def make_algorithm(name: str, *, rep_dim: int, cohort: int | None = None, local_steps: int = 1,
-                   init_method: str = "moments", loss: str = "half-mean"):
+                   init_method: str = "moments", loss: str = "half-mean", kernel: str = "xla"):
   """The round-based linear algorithm registered as `name`: 'fedrep', 'fedrep-ri', 'gd-gd',
   'Ngd-gd', 'fedavg' (with `local_steps`), 'fedavg-tauN' (N local steps), 'd-gd' (one local
   step), all of which need `cohort`, or 'flute' (with loss normalisation `loss`; every
   client every round, so no cohort). Local-only training is `local.local_models` (no
-  rounds)."""
+  rounds).
+
+  kernel: `FedRep.kernel` of 'fedrep' and 'fedrep-ri' (exact-head FedRep): "xla" (default)
+  or "native" (the opt-in C++ round). Any other algorithm takes "xla" only (else a
+  ValueError naming it)."""
   return registry.make(name, "linear", rep_dim=rep_dim, cohort=cohort, local_steps=local_steps,
-                       init_method=init_method, loss=loss)
+                       init_method=init_method, loss=loss, kernel=kernel)

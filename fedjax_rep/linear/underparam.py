@@ -8,15 +8,30 @@ B w_i = phi_i for every client; the best one can do is the rank-k truncation of 
 import jax
 import jax.numpy as jnp
 
+from fedjax_rep.linear.data_modes import FixedData
 from fedjax_rep.linear.metrics import model_error
-from fedjax_rep.linear.problem import FixedData, orthonormal, sample
+from fedjax_rep.linear.problem import orthonormal, sample
 
 SPECTRA = ("linear", "geometric", "gaussian")
 
 
 def spectrum(dim: int, kind: str = "linear", ratio: float = 0.7) -> jax.Array:
-  """Singular values [d] of Phi: 'linear' lambda_i = 2d - i + 1 (FLUTE App. C.1, i = 1..d);
-  'geometric' lambda_i = 2d ratio^(i-1) (same top value, decaying by `ratio`)."""
+  """Singular values of Phi.
+
+  'linear': lambda_i = 2d - i + 1 (FLUTE App. C.1, i = 1..d); 'geometric':
+  lambda_i = 2d ratio^(i-1) (same top value, decaying by `ratio`).
+
+  Args:
+    dim: d.
+    kind: 'linear' or 'geometric'.
+    ratio: the decay of 'geometric'.
+
+  Returns:
+    lambda [d] (float32).
+
+  Raises:
+    ValueError: an unknown kind.
+  """
   i = jnp.arange(dim, dtype=jnp.float32)
   if kind == "linear":
     return 2.0 * dim - i
@@ -27,11 +42,24 @@ def spectrum(dim: int, kind: str = "linear", ratio: float = 0.7) -> jax.Array:
 
 def make_models(key: jax.Array, num_clients: int, dim: int, kind: str = "linear",
                 ratio: float = 0.7) -> jax.Array:
-  """Ground-truth models [M, d] (rows phi_i^T of Phi^T).
+  """Ground-truth models of an under-parameterised problem.
 
   'linear' / 'geometric': Phi = U Lambda V^T with U [d, r], V [M, r] random orthonormal,
   r = min(d, M) and Lambda the first r values of `spectrum` (App. C.1).
   'gaussian': phi_i ~ N(0, I_d) i.i.d. (FLUTE Section 7.1, Fig. 1).
+
+  Args:
+    key: the PRNG key.
+    num_clients: M.
+    dim: d.
+    kind: one of SPECTRA ('linear', 'geometric', 'gaussian').
+    ratio: the decay of 'geometric' (`spectrum`).
+
+  Returns:
+    models [M, d]: the rows phi_i^T of Phi^T.
+
+  Raises:
+    ValueError: an unknown kind.
   """
   if kind == "gaussian":
     return jax.random.normal(key, (num_clients, dim))
@@ -44,14 +72,31 @@ def make_models(key: jax.Array, num_clients: int, dim: int, kind: str = "linear"
 
 
 def top_subspace(models: jax.Array, rep_dim: int) -> jax.Array:
-  """The top-k left singular vectors [d, k] of Phi (= right ones of `models` [M, d])."""
+  """The top-k left singular vectors of Phi (= the right ones of `models`).
+
+  Args:
+    models: Phi^T [M, d].
+    rep_dim: k.
+
+  Returns:
+    B* [d, k], orthonormal.
+  """
   return jnp.linalg.svd(models, full_matrices=False)[2][:rep_dim].T
 
 
 def rank_k_error(models: jax.Array, rep_dim: int) -> jax.Array:
-  """The floor (1/M) sum_i ||(Phi_k)_i - phi_i|| of `model_error`: Phi_k the best rank-k
-  approximation of Phi (truncated SVD), models [M, d]. Phi_k minimises the sum of squared
-  norms; for this mean of norms it is the reference level the paper's plots use."""
+  """The floor (1/M) sum_i ||(Phi_k)_i - phi_i|| of `model_error`.
+
+  Phi_k is the best rank-k approximation of Phi (truncated SVD). Phi_k minimises the sum
+  of squared norms; for this mean of norms it is the reference level the paper's plots use.
+
+  Args:
+    models: Phi^T [M, d].
+    rep_dim: k.
+
+  Returns:
+    The error [].
+  """
   U, s, Vt = jnp.linalg.svd(models, full_matrices=False)
   return model_error((U[:, :rep_dim] * s[:rep_dim]) @ Vt[:rep_dim], models)
 
@@ -60,11 +105,20 @@ def make_data(key: jax.Array, models: jax.Array, rep_dim: int | None, samples: i
               pad_to: int | None = None) -> FixedData:
   """Fixed local datasets of `samples` (N) per client: y = x^T phi_i + noise, x ~ N(0, I_d).
 
-  `B_star` is the top-k subspace of Phi (for `principal_angle`; None when rep_dim is None,
-  to be set later with `top_subspace`), `models` is Phi^T [M, d]
-  (for `model_error`), `counts` is N for every client. pad_to > samples zero-pads every
-  client to pad_to rows, so that datasets of different N share one shape (and pytree
-  structure: one vmapped program runs them all).
+  Args:
+    key: the PRNG key of the samples.
+    models: Phi^T [M, d].
+    rep_dim: k of `B_star`; None leaves B_star None, to be set later with `top_subspace`.
+    samples: N, the real samples per client.
+    noise_std: the label noise's standard deviation.
+    pad_to: rows per client; pad_to > samples zero-pads every client to pad_to rows, so
+      that datasets of different N share one shape (and pytree structure: one vmapped
+      program runs them all). Default: samples.
+
+  Returns:
+    FixedData with X [M, R, d], y [M, R] (R = pad_to or N), `B_star` the top-k subspace of
+    Phi [d, k] (for `principal_angle`), `models` Phi^T [M, d] (for `model_error`) and
+    `counts` N for every client (int32 [M]).
   """
   num_clients, dim = models.shape
   rows = pad_to or samples

@@ -1,14 +1,14 @@
 """A VALID, stride-1 2-D convolution whose lowering is chosen per backend, and a 2x2 max pool.
 
-Measured on XLA:CPU: a `jax.vmap` over per-client conv kernels lowers to a grouped
-convolution that runs ~70x slower than the equivalent matmul, and `lax.conv` inside
-`lax.scan` is ~10x slower than outside it. Writing the convolution as patches + matmul
-(im2col: for a kh x kw kernel, stack the kh*kw shifted slices x[:, i:i+H', j:j+W', :] along
-the channel axis in (i, j, c) order, then one matmul with the kernel reshaped
-[kh*kw*cin, cout]) avoids both: vmapped over clients it becomes a batched dot. On GPU, cuDNN
-runs grouped convolutions well and im2col only costs memory, so 'auto' keeps
-`lax.conv_general_dilated` there (and on TPU) and uses im2col elsewhere. Both give the same
-numbers and gradients up to float32 rounding.
+On XLA:CPU a `jax.vmap` over per-client conv kernels lowers to a grouped convolution,
+which runs far slower than the equivalent matmul, and `lax.conv` inside `lax.scan` runs
+slower than outside it (see benchmarks/README.md). Writing the convolution as patches +
+matmul (im2col: for a kh x kw kernel, stack the kh*kw shifted slices
+x[:, i:i+H', j:j+W', :] along the channel axis in (i, j, c) order, then one matmul with the
+kernel reshaped [kh*kw*cin, cout]) avoids both: vmapped over clients it becomes a batched
+dot. On GPU, cuDNN runs grouped convolutions well and im2col only costs memory, so 'auto'
+keeps `lax.conv_general_dilated` there (and on TPU) and uses im2col elsewhere. Both give
+the same numbers and gradients up to float32 rounding.
 
 Max pooling through `reduce_window` has a slow gradient on CPU; a 2x2 pool with stride 2 is
 a reshape + max, which differentiates cheaply everywhere.

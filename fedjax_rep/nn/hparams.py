@@ -28,8 +28,20 @@ class NNHparams:
 
 def hparams(lr: float = 0.01, momentum: float = 0.5, weight_decay: float = 1e-4,
             **options: float) -> NNHparams:
-  """NNHparams of float32 scalars; defaults of FedRep's code (lr 0.01, momentum 0.5,
-  weight decay 1e-4). `options`: the algorithm-specific ones of OPTIONS (mtl_lambda)."""
+  """NNHparams of float32 scalars; the defaults are those of FedRep's code.
+
+  Args:
+    lr: the SGD step size (> 0; default 0.01).
+    momentum: the heavy-ball momentum, in [0, 1) (default 0.5).
+    weight_decay: the L2 weight decay (>= 0; default 1e-4).
+    **options: the algorithm-specific ones of OPTIONS (mtl_lambda), by name.
+
+  Returns:
+    NNHparams whose numbers are float32 scalars [].
+
+  Raises:
+    ValueError: an unknown option, or a value out of its range.
+  """
   unknown = sorted(set(options) - set(OPTIONS))
   if unknown:
     raise ValueError(f"unknown hparams options {unknown}; known: {sorted(OPTIONS)}")

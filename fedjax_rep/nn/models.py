@@ -199,12 +199,21 @@ def _token_fields(vocab_size: int | None, embeddings) -> dict:
 
 def make_model(name: str, num_classes: int | None = None, conv_impl: str = "auto", *,
                vocab_size: int | None = None, embeddings=None) -> Classifier:
-  """The `Classifier` registered as `name`; num_classes (if given) overrides its default.
+  """The `Classifier` registered as `name`.
 
-  conv_impl: the convs' implementation (conv models). vocab_size: the token ids' range
-  (sent140-lstm; required unless embeddings give it). embeddings: None (random, dimension
-  50) or a pretrained table [vocab_size, E] (e.g. GloVe) that initialises the (trainable)
-  embedding of sent140-lstm.
+  Args:
+    name: one of MODELS.
+    num_classes: the number of outputs; overrides the model's default if given.
+    conv_impl: the convs' implementation (conv models): 'auto', 'im2col' or 'xla'.
+    vocab_size: the token ids' range (sent140-lstm; required unless embeddings give it).
+    embeddings: None (random, dimension 50) or a pretrained table [vocab_size, E] (e.g.
+      GloVe) that initialises the (trainable) embedding of sent140-lstm.
+
+  Returns:
+    The Classifier (a flax module).
+
+  Raises:
+    ValueError: an unknown model, or token options for a model without tokens.
   """
   if name not in _SPECS:
     raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")

@@ -100,15 +100,34 @@ def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
                    head_epochs: int = 10, batch_size: int = 10, client_group: int | None = 10,
                    ft_epochs: int = FT_EPOCHS, local_steps: int = 1,
                    cohort_groups: int | None = None, devices: int | None = None, **options):
-  """The neural algorithm registered as `name` (see ALGORITHMS) for `model`
-  (`models.make_model`), with its structure: clients per round, epochs (FedRep:
-  `head_epochs` of the head, then `local_epochs` of the body; the "+ft" variants:
-  `ft_epochs` of head fine-tuning before testing; fedavg-steps: `local_steps` SGD steps
-  per round instead of epochs), minibatch size, client group size, the cohort drawn over
-  `cohort_groups` groups of clients and the client axis sharded over `devices` devices
-  (`algorithm.Personalized`), and the baselines' `options` (each algorithm takes those it has: prox_mu, ditto_lambda,
-  apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda, flute_nc, flute_head_norm,
-  flute_feature_norm, flute_server_lr, mtl_omega, babu_ft_body, fedcp_lambda)."""
+  """The neural algorithm registered as `name`, with its structure (static fields).
+
+  The structure's fields are those of `algorithm.Personalized`; each algorithm takes the ones
+  it has.
+
+  Args:
+    name: a key of ALGORITHMS.
+    model: the model (`models.make_model`).
+    cohort: clients per round.
+    local_epochs: epochs of local training (FedRep: of the body, after `head_epochs`).
+    head_epochs: FedRep's epochs of the head, before the body's.
+    batch_size: the minibatch size.
+    client_group: clients trained together in one vmap (None: the whole cohort at once).
+    ft_epochs: the "+ft" variants' epochs of head fine-tuning before testing.
+    local_steps: fedavg-steps' SGD steps per round (instead of epochs).
+    cohort_groups: draw the cohort over this many contiguous groups of clients.
+    devices: shard the client axis over this many devices (None: unsharded).
+    **options: the baselines' options; each algorithm takes those it has: prox_mu,
+      ditto_lambda, apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda, flute_nc,
+      flute_head_norm, flute_feature_norm, flute_server_lr, mtl_omega, babu_ft_body,
+      fedcp_lambda.
+
+  Returns:
+    The algorithm (a frozen dataclass, a `Personalized`).
+
+  Raises:
+    ValueError: an unknown name or option.
+  """
   known = set(OPTIONS)
   if set(options) - known:
     raise ValueError(f"unknown options {sorted(set(options) - known)}; known: {sorted(known)}")

@@ -6,7 +6,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 from importlib import metadata
 
 import numpy as np
@@ -14,22 +13,6 @@ import numpy as np
 from fedjax_rep.core import checkpoint
 from fedjax_rep.core import tree
 from fedjax_rep.core.files import atomic_write
-
-
-def revision() -> str:
-  """The git commit of the package's checkout ('+' when its sources differ from it), or
-  'unknown' outside a git checkout."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  try:
-    head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
-                          text=True, timeout=10)
-    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "."],
-                           capture_output=True, text=True, timeout=10)
-  except (OSError, subprocess.TimeoutExpired):
-    return "unknown"
-  if head.returncode:
-    return "unknown"
-  return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 def versions() -> dict[str, str]:

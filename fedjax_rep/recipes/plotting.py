@@ -2,8 +2,8 @@
 
 Figures are `matplotlib.figure.Figure` objects rendered straight to PNG: no pyplot, so
 importing fedjax_rep never changes the user's matplotlib backend. matplotlib itself is
-imported when the first figure is made (it takes 0.3 s); `prefetch` starts that import in
-the background while a run computes.
+imported when the first figure is made; `prefetch` starts that import in the background
+while a run computes.
 """
 
 import functools

@@ -48,13 +48,17 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {}  # the recipes registered so far (see `all_recipes`)
 
-# The modules that define recipes, in listing order: FedRep, then FedAvg-FT, FLUTE, SRPFL,
-# neural. A module defines the recipes named like it: fedrep_fig3 defines fedrep-fig3, and
-# fedrep_table1 fedrep-table1-cifar10 and the other fedrep-table1-* recipes.
-MODULES = ("fedrep_fig1", "fedrep_fig3", "fedrep_fig4", "fedavg_ft_fig1", "fedavg_ft_fig3",
-           "fedavg_ft_neural", "flute_fig1", "flute_fig3", "flute_fig4", "srpfl_linear",
-           "srpfl_speedup", "digits_personalized", "table1_synthetic", "fedrep_table1",
-           "flute_table1", "srpfl_neural")
+# The modules that define recipes, in listing order (FedRep, then FedAvg-FT, FLUTE, SRPFL,
+# neural), each with the name its recipes have or start with: fedrep.table1 defines
+# fedrep-table1-cifar10 and the other fedrep-table1-* recipes.
+MODULES = {"fedrep-fig1": "fedrep.fig1", "fedrep-fig3": "fedrep.fig3",
+           "fedrep-fig4": "fedrep.fig4", "fedavg-ft-fig1": "fedavg_ft.fig1",
+           "fedavg-ft-fig3": "fedavg_ft.fig3", "fedavg-ft-neural": "fedavg_ft.neural",
+           "flute-fig1": "flute.fig1", "flute-fig3": "flute.fig3", "flute-fig4": "flute.fig4",
+           "srpfl-linear": "srpfl.linear", "srpfl-speedup": "srpfl.speedup",
+           "digits-personalized": "digits.personalized",
+           "table1-synthetic": "fedrep.table1_synthetic", "fedrep-table1": "fedrep.table1",
+           "flute-table1": "flute.table1", "srpfl-neural": "srpfl.neural"}
 
 
 def register(recipe: Recipe) -> Recipe:
@@ -71,15 +75,14 @@ def register(recipe: Recipe) -> Recipe:
 
 def _module_rank(name: str) -> int:
   """The index in MODULES of the module that defines recipe `name` (len(MODULES) if none)."""
-  name = str(name).replace("-", "_")
-  return next((i for i, module in enumerate(MODULES)
-               if name == module or name.startswith(module + "_")), len(MODULES))
+  return next((i for i, prefix in enumerate(MODULES)
+               if name == prefix or str(name).startswith(prefix + "-")), len(MODULES))
 
 
 def all_recipes() -> dict[str, Recipe]:
   """Every recipe, in listing order (MODULES' order, then any registered by hand); imports
-  every recipe module (0.3 s: the neural ones import flax.linen and optax)."""
-  for module in MODULES:
+  every recipe module (the neural ones import flax.linen and optax)."""
+  for module in MODULES.values():
     importlib.import_module(f"{__package__}.{module}")
   return dict(sorted(RECIPES.items(), key=lambda item: _module_rank(item[0])))
 
@@ -89,7 +92,7 @@ def get(name: str) -> Recipe:
   known recipes if there is none."""
   rank = _module_rank(name)
   if name not in RECIPES and rank < len(MODULES):
-    importlib.import_module(f"{__package__}.{MODULES[rank]}")
+    importlib.import_module(f"{__package__}.{list(MODULES.values())[rank]}")
   if name not in RECIPES:
     raise cfg.ConfigError(f"unknown recipe {name!r}; known recipes: "
                           f"{', '.join(all_recipes())}")
@@ -207,7 +210,8 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   run_dir = outputs.RunDir(
       out, {"recipe": name, "quick": quick, "seeds": seeds,
             "config": dataclasses.asdict(config), "grid": grid,
-            "code": {"revision": outputs.revision(), "source": files.source_fingerprint()},
+            "code": {"revision": files.revision(), "source": files.source_fingerprint(),
+                     **kernel_record(config)},
             "versions": outputs.versions()},
       overwrite=overwrite, every_rounds=checkpoint_rounds, every_seconds=checkpoint_seconds)
   rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
@@ -219,6 +223,16 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   files.atomic_write(os.path.join(out, f"{name}.png"),
                        lambda f: recipe.plot(rows, _figure_config(config, grid), f))
   return out
+
+
+def kernel_record(config) -> dict:
+  """What config.json records of the kernel path that ran: {"kernel": "xla"}, or "native"
+  with its build's file name (`fedjax_rep.native.build_key`) where config.kernel asks for
+  the C++ kernel."""
+  if getattr(config, "kernel", "xla") == "xla":
+    return {"kernel": "xla"}
+  from fedjax_rep.native import fedrep_round  # only here: the default never touches it
+  return {"kernel": "native", "kernel_build": fedrep_round.build_key()}
 
 
 def default_out(name: str) -> str:

@@ -4,7 +4,6 @@ units of work and metrics.csv rows."""
 import jax
 import numpy as np
 
-from fedjax_rep.core import executables
 from fedjax_rep.core import loop
 from fedjax_rep.recipes import plotting
 
@@ -20,12 +19,12 @@ def seed_keys(first_seed: int, seeds: int) -> jax.Array:
   return _seed_keys(np.arange(first_seed, first_seed + seeds, dtype=np.int32))
 
 
-@executables.jit
+@jax.jit
 def _seed_keys(seed_values):
   return jax.vmap(lambda s: jax.random.split(jax.random.key(s), 3))(seed_values)
 
 
-@executables.jit
+@jax.jit
 def run_keys(keys: jax.Array, index: jax.Array | None = None) -> jax.Array:
   """The run keys [runs] of keys [seeds, 3] (seed_keys), of the seeds `index` [runs]
   (default all, in order); jitted, so that no eager op compiles on the way."""

@@ -1,0 +1,311 @@
+"""fedavg-ft-neural: do local updates make FedAvg learn features that transfer to unseen
+classes, where D-SGD's do not? (FedAvg-FT paper, Section 5.2, Figs. 4 and 5 left), on
+scikit-learn's digits (offline).
+
+Training: the digits of the first 10 - u classes (the last u = `unseen_classes` are held
+out) are split over n clients by Dir(0.6) label proportions (as the paper's CIFAR-10
+partition); FedAvg with tau local SGD steps per round (`FedAvgSteps`, T rounds) vs D-SGD
+(one step per round, FedAvg with tau = 1) for tau T rounds, so both make the same number
+of local updates (the paper's fairness rule). Each client is tested on its own test
+samples (seen classes) with the global model.
+
+Representation (Fig. 4): the class-by-class mean cosine similarity of the final body's
+features on the digits test split, all 10 classes (`representation`), and its gap (mean
+diagonal minus mean off-diagonal) within the seen and within the unseen classes.
+
+New clients (Fig. 5 left): per seed, `new_clients` clients each get k training samples of
+every unseen class (a larger k extends a smaller one's samples), fit a head from zero on
+the frozen final body (`finetune_epochs` epochs of SGD, `Personalized.new_clients`), and
+are tested on the unseen classes' test samples; accuracy vs k.
+
+Our choices (the paper trains a 6-conv CNN on CIFAR with tau = 50; its training details
+are not in our copy): the MLP 64-64-32, batch 10, lr 0.05, plain SGD (momentum 0: D-SGD's
+optimiser restarts at every step, so momentum would only help FedAvg), tau = 20 (about
+five epochs of a client's data), r = 0.2 of n = 30 clients, 100 FedAvg rounds; the
+unseen classes are 8 and 9; 50 fine-tuning epochs (the paper's 10 leave a head from zero
+unfitted at small k -- 10 steps at k = 1 -- and the accuracy then tracks the number of
+steps more than the features). Both algorithms' final models are analysed by one program
+(stacked along an algorithm axis: they have the same structure).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_rep.core import tree
+from fedjax_rep.core.cohort import cohort_size
+from fedjax_rep.data import digits, federated
+from fedjax_rep.data import partition as partition_lib
+from fedjax_rep.nn import models, representation
+from fedjax_rep.nn import params as params_lib
+from fedjax_rep.nn import registry as nn_registry
+from fedjax_rep.nn.algorithm import NNState
+from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import neural as common
+from fedjax_rep.recipes import plotting
+from fedjax_rep.recipes import shared
+from fedjax_rep.recipes.registry import Recipe, register
+
+LABELS = {"d-sgd": "D-SGD", "fedavg-steps": "FedAvg"}  # the algorithms, in this order
+
+
+def local_steps(name: str, config) -> int:
+  """Local steps per round of algorithm `name`: 1 for D-SGD, tau for FedAvg."""
+  return 1 if name == "d-sgd" else config.local_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  num_clients: int = cfg.num_clients(30)
+  dirichlet_alpha: float = common.dirichlet_alpha(0.6)
+  unseen_classes: int = cfg.positive_int("classes held out of training (the last ones): "
+                                         "the new clients' classes", 2, low=2)
+  model: str = cfg.choice("the network", "digits-mlp", ("digits-mlp", "digits-cnn"))
+  local_steps: int = cfg.positive_int("FedAvg's local SGD steps tau per round (D-SGD: one "
+                                      "step a round, tau times the rounds)", 20)
+  rounds: int = cfg.positive_int("FedAvg's communication rounds T (D-SGD runs tau T)", 100)
+  participation: float = cfg.participation(0.2)
+  batch_size: int = common.batch_size()
+  lr: float = cfg.lr(0.05, "step size of local SGD (training and fine-tuning)")
+  momentum: float = common.momentum(0.0)
+  weight_decay: float = common.weight_decay()
+  eval_every: int = common.eval_every(10)
+  client_group: int = common.client_group()
+  finetune_samples: tuple = cfg.positive_int(
+      "training samples k of each unseen class per new client (x-axis)", (1, 2, 5, 10, 20),
+      sequence=True)
+  finetune_epochs: int = cfg.positive_int("epochs of SGD on the new clients' heads", 50)
+  new_clients: int = cfg.positive_int("new clients per seed", 5)
+  seed: int = cfg.seed()
+
+  def check(self):
+    """The split must be possible on digits (checked on the labels: no training)."""
+    _, y, _, y_test = digits.load(self.seed)
+    seen = digits.NUM_CLASSES - self.unseen_classes
+    if seen < 2:
+      raise cfg.ConfigError(f"unseen_classes={self.unseen_classes} leaves {seen} class to "
+                            f"train on; digits has {digits.NUM_CLASSES} classes")
+    fewest = min(np.sum(y == c) for c in range(seen, digits.NUM_CLASSES))
+    if max(self.finetune_samples) > fewest:
+      raise cfg.ConfigError(f"finetune_samples={max(self.finetune_samples)} is more than the "
+                            f"{fewest} training samples of an unseen class")
+    try:
+      partition_lib.dirichlet(y[y < seen], y_test[y_test < seen], self.num_clients,
+                              self.dirichlet_alpha, self.seed)
+    except ValueError as error:
+      raise cfg.ConfigError(f"{error} (digits has {np.sum(y < seen)} training samples of the "
+                            f"{seen} seen classes)") from None
+
+
+def seed_data(config: Config, seed: int):
+  """(training clients, probe set, new clients) of one seed: the seen classes split over
+  config.num_clients clients (Dirichlet); the digits test split x [T, 8, 8, 1], y [T]
+  (every class); ClientDatasets [K, J, ...] of J = config.new_clients new clients for each
+  k of config.finetune_samples: k samples of each unseen class (client j's first k of its
+  own shuffle of every class), all padded to u * max k rows, each tested on every test
+  sample of the unseen classes."""
+  x, y, x_test, y_test = digits.load(seed)
+  seen = digits.NUM_CLASSES - config.unseen_classes
+  parts, test_parts = partition_lib.dirichlet(y[y < seen], y_test[y_test < seen],
+                                              config.num_clients, config.dirichlet_alpha, seed)
+  clients = federated.client_datasets(x[y < seen], y[y < seen], parts, x_test[y_test < seen],
+                                      y_test[y_test < seen], test_parts, digits.NUM_CLASSES)
+  rng = np.random.default_rng([seed, 1])  # apart from the partition's stream
+  shuffles = [[rng.permutation(np.flatnonzero(y == c)) for c in range(seen, digits.NUM_CLASSES)]
+              for _ in range(config.new_clients)]
+  unseen_test = np.flatnonzero(y_test >= seen)
+  size = config.unseen_classes * max(config.finetune_samples)
+  new = tree.stack([federated.client_datasets(
+      x, y, [np.concatenate([s[:k] for s in own]) for own in shuffles], x_test, y_test,
+      [unseen_test] * config.new_clients, digits.NUM_CLASSES, size=size)
+      for k in config.finetune_samples])
+  return clients, (x_test, y_test), new
+
+
+@jax.jit(static_argnames=("algorithm", "seen", "epochs"))
+def analyse(algorithm, model, probe_x, probe_y, new, hparams, keys, *, seen: int, epochs: int):
+  """Representation and transfer of final global models `model` (flat, leaves [A, S, ...]:
+  A algorithms of `algorithm`'s structure, S seeds), all as one program:
+  similarity [A, S, C, C] (`class_cosine_similarity` of the body's features on probe_x
+  [S, T, ...] with labels probe_y [S, T]), gap_seen and gap_unseen [A, S] (its
+  `similarity_gap` on the first `seen` classes and on the rest), and the accuracy [A, S, K]
+  of the new clients `new` ([S, K, J, ...]) after `epochs` of head SGD on each one's body
+  (`new_clients` with keys [S], the same for every k and algorithm), with its std over
+  the new clients."""
+  num_classes = new.num_classes
+
+  def one(model, x, y, new, key):
+    body = {p: v for p, v in model.items() if p.startswith("body/")}
+    similarity = representation.class_cosine_similarity(algorithm.features(body, x), y,
+                                                        num_classes)
+    state = NNState(shared=model, personal={},  # FedAvg: nothing personal
+                    eval_key=jax.random.key_data(key))  # not used by new_clients
+    fine_tuned = jax.vmap(lambda d: algorithm.new_clients(state, d, hparams, key, epochs))(new)
+    return {"similarity": similarity,
+            "gap_seen": representation.similarity_gap(similarity[:seen, :seen]),
+            "gap_unseen": representation.similarity_gap(similarity[seen:, seen:]),
+            "accuracy": fine_tuned["test_accuracy"],
+            "accuracy_std": fine_tuned["test_accuracy_std"]}
+
+  return jax.vmap(jax.vmap(one), in_axes=(0, None, None, None, None))(
+      model, probe_x, probe_y, new, keys)
+
+
+def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+  seed_values = list(range(config.seed, config.seed + seeds))
+  clients, probes, new = zip(*[seed_data(config, s) for s in seed_values])
+  clients, new = federated.stack(list(clients)), tree.stack(new)
+  probe_x, probe_y = (jnp.stack(a) for a in zip(*probes))
+  model = models.make_model(config.model, digits.NUM_CLASSES)
+  cohort = cohort_size(config.num_clients, config.participation)
+  keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data
+  rows, finals = [], []
+  for name in LABELS:
+    steps = local_steps(name, config)
+    algorithm = nn_registry.make_algorithm(
+        name, model=model, cohort=cohort, batch_size=config.batch_size,
+        client_group=config.client_group, local_steps=config.local_steps)  # d-sgd: 1 step
+    # D-SGD runs tau times the rounds, evaluated at FedAvg's numbers of local updates.
+    scale = config.local_steps // steps
+    result = common.trained_unit(unit, name, algorithm, clients, common.hparams(config),
+                                 keys[:, 2], config.rounds * scale, config.eval_every * scale,
+                                 progress, keep_model=True)
+    algorithm_rows = common.rows(name, seed_values, result, local_steps=steps)
+    for r in algorithm_rows:
+      r["local_updates"] = r["round"] * steps
+    rows += algorithm_rows
+    finals.append(params_lib.flatten(result["model"]))
+  seen = digits.NUM_CLASSES - config.unseen_classes
+  # One program for both final models: the last algorithm's structure serves both.
+  analysis = unit("analysis", lambda: jax.device_get(analyse(
+      algorithm, tree.stack(finals), probe_x, probe_y, new, common.hparams(config),
+      keys[:, 1], seen=seen, epochs=config.finetune_epochs)))
+  return rows + analysis_rows(analysis, seed_values, config)
+
+
+def analysis_rows(analysis: dict, seed_values: list[int], config: Config) -> list[dict]:
+  """metrics.csv rows of the analysis: per algorithm and seed, one row per class pair
+  (class_a, class_b, cosine_similarity), one with the similarity gaps, and one per k
+  (finetune_samples, new_client_accuracy and its std over the new clients)."""
+  rows = []
+  for a, name in enumerate(LABELS):
+    steps = local_steps(name, config)
+    for s, seed_value in enumerate(seed_values):
+      final_round = config.rounds * config.local_steps // steps
+      base = {"algorithm": name, "seed": seed_value, "round": final_round, "local_steps": steps}
+      matrix = analysis["similarity"][a, s]
+      rows += [{**base, "class_a": i, "class_b": j, "cosine_similarity": float(matrix[i, j])}
+               for i in range(matrix.shape[0]) for j in range(matrix.shape[1])]
+      rows.append({**base, "similarity_gap_seen": float(analysis["gap_seen"][a, s]),
+                   "similarity_gap_unseen": float(analysis["gap_unseen"][a, s])})
+      rows += [{**base, "finetune_samples": k,
+                "new_client_accuracy": float(analysis["accuracy"][a, s, j]),
+                "new_client_accuracy_std": float(analysis["accuracy_std"][a, s, j])}
+               for j, k in enumerate(config.finetune_samples)]
+  return rows
+
+
+def column_mean(rows, name: str, column: str) -> float:
+  """The mean of `column` over the rows of algorithm `name` that have it."""
+  return float(np.mean([r[column] for r in rows
+                        if r["algorithm"] == name and r.get(column) is not None]))
+
+
+def summarize(rows, config: Config) -> list[dict]:
+  """Per algorithm and k: the new clients' accuracy (mean over seeds and its std over
+  seeds), beside the algorithm's final test accuracy on the training clients and its
+  similarity gaps (means over seeds)."""
+  table = []
+  for name in LABELS:
+    final_round = max(r["round"] for r in rows if r["algorithm"] == name)
+    test = [r["test_accuracy"] for r in rows if r["algorithm"] == name
+            and r["round"] == final_round and r.get("test_accuracy") is not None]
+    for k in config.finetune_samples:
+      accuracy = [r["new_client_accuracy"] for r in rows
+                  if r["algorithm"] == name and r.get("finetune_samples") == k]
+      table.append({"algorithm": name, "finetune_samples": k,
+                    "new_client_accuracy": float(np.mean(accuracy)),
+                    "new_client_accuracy_std_over_seeds": float(np.std(accuracy)),
+                    "seeds": len(accuracy), "final_test_accuracy": float(np.mean(test)),
+                    "similarity_gap_seen": column_mean(rows, name, "similarity_gap_seen"),
+                    "similarity_gap_unseen": column_mean(rows, name,
+                                                         "similarity_gap_unseen")})
+  return table
+
+
+def mean_similarity(rows, name: str) -> np.ndarray:
+  """The class similarity matrix [C, C] of algorithm `name`, the mean over seeds."""
+  entries = [r for r in rows if r["algorithm"] == name and "cosine_similarity" in r]
+  size = max(r["class_a"] for r in entries) + 1
+  sums, counts = np.zeros((size, size)), np.zeros((size, size))
+  for r in entries:
+    sums[r["class_a"], r["class_b"]] += r["cosine_similarity"]
+    counts[r["class_a"], r["class_b"]] += 1
+  return sums / counts
+
+
+def similarity_panel(fig, ax, matrix: np.ndarray, seen: int, diverging: bool) -> None:
+  """A class similarity matrix [C, C] as an annotated image with a colour bar: on [0, 1],
+  or (diverging) on a blue-red scale symmetric about 0; dashes after the seen classes."""
+  limit = max(np.nanmax(np.abs(matrix)), 1e-3) if diverging else 1.0
+  image = ax.imshow(matrix, vmin=-limit if diverging else 0.0, vmax=limit,
+                    cmap="RdBu_r" if diverging else "viridis")
+  for i, j in np.ndindex(matrix.shape):
+    dark = abs(matrix[i, j]) > 0.6 * limit if diverging else matrix[i, j] < 0.6
+    ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6,
+            color="white" if dark else "black")
+  for edge in (ax.axhline, ax.axvline):
+    edge(seen - 0.5, color="red", lw=1.2, ls="--")
+  ax.set_xticks(range(matrix.shape[0]))
+  ax.set_yticks(range(matrix.shape[0]))
+  ax.set(xlabel=f"class (unseen: {seen}-{matrix.shape[0] - 1}, past the dashes)",
+         ylabel="class")
+  fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+
+
+def plot(rows, config: Config, file) -> None:
+  fig, axes = plotting.figure(3, width=4.4, height=3.9, rows=2)
+  (loss, test, transfer), (*matrices, difference) = axes[0], axes[1]
+  training = [r for r in rows if "train_loss" in r]
+  for name, label in LABELS.items():
+    plotting.line(loss, training, "local_updates", "train_loss", label, along="round",
+                  algorithm=name)
+    plotting.line(test, training, "local_updates", "test_accuracy", label, along="round",
+                  algorithm=name)
+    plotting.line(transfer, rows, "finetune_samples", "new_client_accuracy", label,
+                  algorithm=name)
+  loss.set(xlabel="local updates per client (rounds x tau)", ylabel="local training loss",
+           yscale="log", title="training")
+  test.set(xlabel="local updates per client (rounds x tau)",
+           ylabel="test accuracy (seen classes)", title="global model on its clients")
+  transfer.set(xscale="log", xlabel="samples per unseen class k",
+               ylabel="new clients' test accuracy",
+               title=f"new clients: a head on the body ({config.finetune_epochs} epochs)")
+  transfer.set_xticks(config.finetune_samples, [str(k) for k in config.finetune_samples])
+  for ax in (loss, test, transfer):
+    ax.legend(fontsize=8)
+  seen = digits.NUM_CLASSES - config.unseen_classes
+  for ax, (name, label) in zip(matrices, LABELS.items()):
+    similarity_panel(fig, ax, mean_similarity(rows, name), seen, diverging=False)
+    ax.set_title(f"{label}: feature cosine similarity\ngap seen "
+                 f"{column_mean(rows, name, 'similarity_gap_seen'):.2f}, unseen "
+                 f"{column_mean(rows, name, 'similarity_gap_unseen'):.2f}")
+  similarity_panel(fig, difference, mean_similarity(rows, "fedavg-steps")
+                   - mean_similarity(rows, "d-sgd"), seen, diverging=True)
+  difference.set_title("FedAvg minus D-SGD")
+  fig.suptitle(f"digits, {config.model}: {seen} classes over n={config.num_clients} clients "
+               f"(Dir({config.dirichlet_alpha})), r={config.participation}; FedAvg "
+               f"tau={config.local_steps} x {config.rounds} rounds vs D-SGD "
+               f"1 x {config.rounds * config.local_steps} rounds")
+  plotting.save(fig, file)
+
+
+RECIPE = register(Recipe(
+    name="fedavg-ft-neural",
+    summary="FedAvg-FT Figs. 4-5 on digits: FedAvg (tau local steps) vs D-SGD at equal local "
+            "updates; feature cosine similarity; new clients of unseen classes fine-tune "
+            "a head",
+    config=Config, quick={"rounds": 30, "num_clients": 20, "local_steps": 10}, run=run,
+    plot=plot, default_seeds=3, summarize=summarize))

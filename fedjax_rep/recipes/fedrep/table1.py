@@ -1,0 +1,174 @@
+"""fedrep-table1-{cifar10, cifar100, femnist, sent140}: FedRep's Table 1 (Section 5.2) on
+real data, every algorithm of the table, the paper's number beside the measured one.
+
+- CIFAR-10 (n, S) in (100, 2), (100, 5), (1000, 2) and CIFAR-100 (100, 5), (100, 20):
+  tensorflow-datasets files; each client holds S class shards (FedRep's shard scheme,
+  `partition.classes`: S random labels, a class possibly twice) with 50,000/n training
+  samples, its test samples from the same labels; FedRep's CNNs.
+- FEMNIST: LEAF's files, restricted to 10 letters (A-J), pooled and re-split over n = 150
+  clients with S = 3 letters each and log-normal sizes (size_sigma 0.5; the paper gives
+  no sigma), 148 training samples per client on average; the MLP; 200 rounds.
+- Sent140: LEAF's files, its users as clients (n = 183), tweets as padded token ids
+  (25 tokens, the 10,000 most frequent words of the clients' training tweets); the LSTM,
+  with GloVe embeddings where the file is present (`fedjax-rep data` says where); 50 rounds.
+
+With source=files (the default) the files must be prepared: a missing dataset stops the
+run before any work with the one-line command that prepares it. --quick runs on random
+mock data in the same formats (tfds.testing.mock_data, small LEAF files written to a
+temporary directory) with a few algorithms, so every code path is exercised offline; its
+accuracies mean nothing.
+"""
+
+import dataclasses
+import tempfile
+
+from fedjax_rep.data import leaf, tfds_data
+from fedjax_rep.nn import models
+from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import table1
+from fedjax_rep.recipes.registry import Recipe, register
+
+QUICK_ALGORITHMS = ("local", "fedavg-ft", "fedrep")
+
+
+@dataclasses.dataclass(frozen=True)
+class CifarConfig(table1.ShardConfig):
+  def check(self):
+    super().check()
+    if self.source == "files":
+      tfds_data.require(DATASET_OF[type(self)])
+
+
+@dataclasses.dataclass(frozen=True)
+class Cifar10Config(CifarConfig):
+  num_clients: tuple = cfg.positive_int("number of clients n of each setting",
+                                        (100, 100, 1000), sequence=True)
+  classes_per_client: tuple = cfg.positive_int(
+      "classes per client S of each setting (paired with num_clients)", (2, 5, 2),
+      sequence=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cifar100Config(CifarConfig):
+  num_clients: tuple = cfg.positive_int("number of clients n of each setting", (100, 100),
+                                        sequence=True)
+  classes_per_client: tuple = cfg.positive_int(
+      "classes per client S of each setting (paired with num_clients)", (5, 20),
+      sequence=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class FemnistConfig(table1.ShardConfig):
+  num_clients: tuple = cfg.positive_int("number of clients n of each setting", (150,),
+                                        sequence=True)
+  classes_per_client: tuple = cfg.positive_int(
+      "letters per client S of each setting (paired with num_clients)", (3,), sequence=True)
+  size_sigma: float = cfg.nonnegative_float("log-normal spread of client sizes", 0.5)
+  samples_per_client: int = cfg.positive_int(
+      "mean training samples per client (the pooled letters are subsampled to n times it)",
+      148)
+  rounds: int = cfg.rounds(200)
+
+  def check(self):
+    super().check()
+    if self.source == "files":
+      leaf.require("femnist", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sent140Config(table1.Fields):
+  num_clients: int = cfg.num_clients(183)
+  max_len: int = cfg.positive_int("tokens per tweet (longer ones are cut, shorter padded)", 25)
+  vocab_size: int = cfg.positive_int("vocabulary: the most frequent words of the clients' "
+                                     "training tweets", 10000, low=2)
+  glove: str = cfg.choice("GloVe embeddings: used when the file is present (auto), or never",
+                          "auto", ("auto", "off"))
+  rounds: int = cfg.rounds(50)
+  source: str = table1.source()
+  mock_examples: int = cfg.positive_int("training tweets per user of the mock data", 40)
+
+  def check(self):
+    if self.source == "files":
+      leaf.require("sent140", None)
+
+
+DATASET_OF = {Cifar10Config: "cifar10", Cifar100Config: "cifar100"}
+
+
+def cifar_run(config: CifarConfig, seeds, unit, progress=True) -> list[dict]:
+  name = DATASET_OF[type(config)]
+  arrays = tfds_data.load(name, mock_examples=config.mock_examples
+                          if config.source == "mock" else None)
+  model = models.make_model(f"{name}-cnn")
+  return table1.shard_run(config, seeds, unit, progress, arrays, model)
+
+
+def _leaf_directory(dataset: str, config, users: int, tmp: str) -> str | None:
+  """None (LEAF's default location) for source=files, else a mock dataset written in tmp."""
+  if config.source == "files":
+    return None
+  return leaf.write_example(dataset, tmp, users, config.mock_examples, seed=config.seed)
+
+
+def femnist_run(config: FemnistConfig, seeds, unit, progress=True) -> list[dict]:
+  with tempfile.TemporaryDirectory() as tmp:
+    directory = _leaf_directory("femnist", config, 3 * max(config.num_clients), tmp)
+    arrays = leaf.femnist_letters(max(config.num_clients) * config.samples_per_client,
+                                  config.seed, directory)
+  return table1.shard_run(config, seeds, unit, progress, arrays,
+                          models.make_model("mlp", len(leaf.FEMNIST_LETTERS)))
+
+
+def sent140_run(config: Sent140Config, seeds, unit, progress=True) -> list[dict]:
+  """The users (so the vocabulary) are drawn once, from config.seed; seeds vary training."""
+  glove_present, glove_path = leaf.glove_status()
+  use_glove = config.glove == "auto" and glove_present
+  print("sent140: " + (f"GloVe embeddings from {glove_path}" if use_glove else
+                       "trainable embeddings from a random init"
+                       + ("" if config.glove == "off" else f" (no GloVe file at {glove_path})")))
+  with tempfile.TemporaryDirectory() as tmp:
+    directory = _leaf_directory("sent140", config, config.num_clients, tmp)
+    data, vocab_size, embeddings = leaf.sent140_natural(
+        config.num_clients, config.seed, config.max_len, config.vocab_size,
+        glove_path=glove_path if use_glove else None, directory=directory)
+  model = models.make_model("sent140-lstm", 2, vocab_size=vocab_size, embeddings=embeddings)
+  return table1.run(config, seeds, unit, progress, sent140_settings(config),
+                    lambda setting, seed: data, model)
+
+
+def sent140_settings(config: Sent140Config) -> list[dict]:
+  return [{"num_clients": config.num_clients}]
+
+
+def _register(dataset: str, title: str, config, run, settings, quick: dict, summary: str):
+  def summarize(rows, config):
+    return table1.table(rows, config, dataset, settings(config))
+
+  def plot(rows, config, file):
+    table1.plot(rows, config, file, dataset, settings(config),
+                f"{title}{' (MOCK DATA)' if config.source == 'mock' else ''}: "
+                f"r={config.participation}, {config.rounds} rounds (mean of the last 10 "
+                f"evaluations)")
+
+  register(Recipe(name=f"fedrep-table1-{dataset}", summary=summary, config=config,
+                  quick={"source": "mock", "algorithms": QUICK_ALGORITHMS, **quick},
+                  run=run, plot=plot, default_seeds=1, summarize=summarize,
+                  summary_file="table1.csv"))
+
+
+_QUICK_SHARDS = {"rounds": 3, "eval_every": 1, "client_group": 1}
+_register("cifar10", "CIFAR-10", Cifar10Config, cifar_run, table1.shard_settings,
+          {**_QUICK_SHARDS, "num_clients": (10, 10), "classes_per_client": (2, 5)},
+          "FedRep Table 1, CIFAR-10 (n, S) = (100, 2), (100, 5), (1000, 2): all algorithms "
+          "(tfds files)")
+_register("cifar100", "CIFAR-100", Cifar100Config, cifar_run, table1.shard_settings,
+          {**_QUICK_SHARDS, "num_clients": (10, 10), "classes_per_client": (5, 20),
+           "mock_examples": 2000},
+          "FedRep Table 1, CIFAR-100 (n, S) = (100, 5), (100, 20): all algorithms (tfds files)")
+_register("femnist", "FEMNIST (10 letters)", FemnistConfig, femnist_run, table1.shard_settings,
+          {**_QUICK_SHARDS, "num_clients": (10,), "samples_per_client": 20},
+          "FedRep Table 1, FEMNIST: 10 letters, n = 150, S = 3, log-normal sizes (LEAF files)")
+_register("sent140", "Sent140", Sent140Config, sent140_run, sent140_settings,
+          {"rounds": 3, "eval_every": 1, "client_group": 1, "num_clients": 10,
+           "vocab_size": 50},
+          "FedRep Table 1, Sent140: its users as clients (n = 183), an LSTM (LEAF files)")

@@ -1,0 +1,184 @@
+"""What the SRPFL recipes share: configuration, timed runs, targets and time to target.
+
+Linear SRPFL (Algorithm 2): FedRep with method-of-moments init, m fresh samples per client
+per round, exact heads, one GD step on B, server average, QR. All M = N clients are
+sampled every round; SRPFL keeps the fastest n_r of them (doubling from n0), FedRep waits
+for all N, `fastest-n` keeps the fastest n0 every round. The wall clock is simulated
+inside every round (slowest kept client's time + C). Algorithms and C are hyperparameters
+of one `Timed` program, so a panel (N, speed model) is one vmapped run.
+
+Target distance (Eq. 11): eps = c_hat x the accuracy reachable with all N clients. The
+paper's eps uses its bound's noise floor; we measure the floor instead: the mean principal
+angle of FedRep (all N clients) over its last `floor_rounds` rounds, per seed. A run
+reaches eps at the first round where its principal angle, averaged over the last
+`smooth_rounds` rounds, is <= eps (near the floor single rounds fluctuate by ~20%).
+
+Rounds per SRPFL stage: `schedule=fixed` runs `stage_rounds` per stage (the authors' code
+doubles every 10 rounds); `schedule=theorem` uses Theorem 4.5's switching rule
+(`hetero.schedule.theorem_stage_rounds`) with its constants calibrated on a pilot run of
+FedRep (one extra pass): the contraction a = 1 - rho^2 from the geometric decay of FedRep's
+mean angle down to 3 x its floor, dist0 its angle after round 1, and the stage floors
+F_r = F_N sqrt(N / n_r) from its measured floor F_N. (The bound's own constants give a
+floor above dist0, and zero rounds for the early stages.)
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_rep.core import loop
+from fedjax_rep.hetero import schedule, speeds, timed
+from fedjax_rep.linear.fedrep import FedRep
+from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import linear as common
+from fedjax_rep.recipes import shared
+
+ALGORITHMS = ("srpfl", "fedrep", "fastest-n")
+LABELS = {"srpfl": "SRPFL", "fedrep": "FedRep (all N)", "fastest-n": "fastest n0 only"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TimedConfig:
+  """Fields every SRPFL recipe has."""
+  dim: int = common.dim(10)
+  rep_dim: int = common.rep_dim(2)
+  samples_per_client: int = common.samples_per_client(5)
+  rounds: int = cfg.rounds(400)
+  lr: float = cfg.lr(0.1)
+  noise_std: float = common.noise_std(0.1)
+  seed: int = cfg.seed()
+  n0: int = cfg.positive_int("SRPFL's initial participants n0 (and fastest-n's n)", 10)
+  schedule: str = cfg.choice("rounds per stage: fixed (stage_rounds each) or theorem "
+                             "(Theorem 4.5's rule, calibrated on a pilot FedRep run)", "fixed",
+                             ("fixed", "theorem"))
+  stage_rounds: int = cfg.positive_int("rounds tau per SRPFL stage (schedule=fixed)", 20)
+  c_hat: float = cfg.setting(1.1, cfg.Check(float, low=1.0, open_low=True),
+                             "target distance = c_hat x FedRep's measured floor (Eq. 11)")
+  floor_rounds: int = cfg.positive_int("last rounds of FedRep averaged into its floor", 100)
+  init: str = cfg.choice("initial B: moments (Algorithm 2: all N clients' first batch) or a "
+                         "random orthonormal B (dist(B0, B*) ~ 1 whatever N)", "moments",
+                         ("moments", "random"))
+  smooth_rounds: int = cfg.positive_int("rounds averaged when testing whether a run has "
+                                        "reached the target", 10)
+
+  def check_timed(self, client_counts):
+    common.check_rep_dim(self)
+    if self.n0 > min(client_counts):
+      raise cfg.ConfigError(f"n0={self.n0} is out of range: n0 must be an integer in "
+                            f"[1, num_clients={min(client_counts)}]")
+    for key in ("floor_rounds", "smooth_rounds"):
+      if getattr(self, key) > self.rounds:
+        raise cfg.ConfigError(f"{key}={getattr(self, key)} is out of range: it must be an "
+                              f"integer in [1, rounds={self.rounds}]")
+
+
+def speed_model(kind: str, num_clients: int) -> speeds.SpeedModel:
+  """'fixed': Exp(1) per client, drawn once; 'dynamic': Exp(lambda_i) every round."""
+  return speeds.fixed_speeds(num_clients) if kind == "fixed" else speeds.dynamic_speeds(
+      num_clients)
+
+
+def calibrate(angles: np.ndarray, floor_rounds: int) -> dict:
+  """Theorem 4.5's constants from FedRep's principal angles [seeds, T] (see the module):
+  {'a', 'dist0', 'floor'} with floor F_N the mean over the last floor_rounds rounds."""
+  mean = angles.mean(axis=0)
+  floor = float(mean[-floor_rounds:].mean())
+  t = max(int(np.argmax(mean <= 3 * floor)), 1)
+  rho = (mean[t] / mean[0]) ** (1.0 / t)
+  return {"a": float(np.clip(1 - rho ** 2, 1e-6, 1 - 1e-6)), "dist0": float(mean[0]),
+          "floor": floor}
+
+
+def participants(name: str, config, num_clients: int, comm_cost: float,
+                 calibration: dict | None = None) -> np.ndarray:
+  """n_t [rounds] of `name`: srpfl (doubling from n0; `calibration` for
+  schedule=theorem), fedrep (all N), fastest-n (n0)."""
+  if name != "srpfl":
+    n = num_clients if name == "fedrep" else config.n0
+    return timed.fixed_participants(num_clients, n, config.rounds)
+  tau = config.stage_rounds
+  if config.schedule == "theorem":
+    tau = schedule.theorem_stage_rounds(
+        num_clients, config.n0, calibration["a"], calibration["dist0"], comm_cost=comm_cost,
+        floor0=calibration["floor"] * np.sqrt(num_clients / config.n0))
+  return timed.srpfl_participants(num_clients, config.n0, config.rounds, tau)
+
+
+def first_hit(metrics, targets, window: int):
+  """(rounds [seeds], times [seeds]): the first round (1-based) whose principal angle,
+  averaged over the last `window` rounds, is <= targets [seeds], and the wall clock then;
+  NaN where never."""
+  angles = metrics["principal_angle"]
+  sums = np.cumsum(np.pad(angles, ((0, 0), (1, 0))), axis=1)
+  smoothed = (sums[:, window:] - sums[:, :-window]) / window  # rounds window..T
+  hits = smoothed <= targets[:, None]
+  reached = hits.any(axis=1)
+  index = np.argmax(hits, axis=1) + window - 1
+  times = np.take_along_axis(metrics["wall_clock"], index[:, None], axis=1)[:, 0]
+  return np.where(reached, index + 1.0, np.nan), np.where(reached, times, np.nan)
+
+
+def expected_time(participants: np.ndarray, num_clients: int, rounds: float,
+                  comm_cost: float) -> float:
+  """E[wall clock] of the first `rounds` rounds with n_t = participants[t] [T] kept of N
+  clients with i.i.d. Exp(1) times: sum_t (E[T_(n_t)] + C) (Section 4.1); NaN for NaN."""
+  if np.isnan(rounds):
+    return np.nan
+  return schedule.expected_wall_clock(num_clients, participants[:int(rounds)], 1.0, comm_cost)
+
+
+def run_panel(config, keys, unit, progress, *, num_clients, speed, comm_costs, algorithms):
+  """Rows of `algorithms` x comm_costs x seeds on N = num_clients with one speed model: one
+  vmapped program (algorithms and C are hyperparameters). Every row carries the seed's
+  target and the run's rounds_to_target, time_to_target and, for fixed Exp(1) speeds,
+  expected_time_to_target."""
+  seeds = keys.shape[0]
+  seed_values = list(range(config.seed, config.seed + seeds))
+  data = common.seed_data(keys, num_clients=num_clients, dim=config.dim,
+                          rep_dim=config.rep_dim, noise_std=config.noise_std,
+                          samples=config.samples_per_client, mode="fresh")
+  names = ("fedrep", *[a for a in algorithms if a != "fedrep"])
+  algorithm = timed.Timed(FedRep(rep_dim=config.rep_dim, cohort=num_clients,
+                                 init_method=config.init, orthonormalize=True),
+                          speed_model(speed, num_clients), cohort=num_clients)
+  label = f"N{num_clients}-{speed}"
+  per_seed = lambda tree: jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], seeds, 0), tree)
+
+  def run(unit_name, schedules):
+    """metrics [names, C, seeds, T] of the runs with participants schedules[name, C]."""
+    hp = shared.concatenate([per_seed(timed.hparams(common.hparams(config), n_t, c))
+                             for name in names for c, n_t in zip(comm_costs, schedules[name])])
+    runs = len(names) * len(comm_costs)
+    metrics = unit(unit_name, lambda: loop.run(
+        algorithm, shared.concatenate([data] * runs), hp, jnp.tile(keys[:, 2], (runs,)),
+        config.rounds, sweep_axes=(0, 0, 0), progress=progress, desc=unit_name).metrics)
+    return {k: v.reshape(len(names), len(comm_costs), seeds, -1) for k, v in metrics.items()}
+
+  calibration = None
+  if config.schedule == "theorem":  # a pilot: every run as FedRep, same program
+    pilot = run(f"{label}-pilot", {name: [participants("fedrep", config, num_clients, c)
+                                          for c in comm_costs] for name in names})
+    calibration = calibrate(pilot["principal_angle"][0, 0], config.floor_rounds)
+  schedules = {name: [participants(name, config, num_clients, c, calibration)
+                      for c in comm_costs] for name in names}
+  metrics = run(label, schedules)
+  rows = []
+  for j, c in enumerate(comm_costs):
+    floor = metrics["principal_angle"][0, j, :, -config.floor_rounds:].mean(axis=1)
+    targets = config.c_hat * floor
+    for i, name in enumerate(names):
+      if name not in algorithms:
+        continue
+      part = {k: v[i, j] for k, v in metrics.items()}
+      rounds, times = first_hit(part, targets, config.smooth_rounds)
+      for s in range(seeds):
+        expected = (expected_time(schedules[name][j], num_clients, rounds[s], c)
+                    if speed == "fixed" else np.nan)
+        rows += shared.round_rows(
+            name, seed_values[s:s + 1], {k: v[s:s + 1] for k, v in part.items()},
+            num_clients=num_clients, speed_model=speed, comm_cost=c,
+            target=float(targets[s]), rounds_to_target=float(rounds[s]),
+            time_to_target=float(times[s]), expected_time_to_target=expected)
+  return rows

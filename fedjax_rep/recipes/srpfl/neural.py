@@ -1,0 +1,329 @@
+"""srpfl-neural: test accuracy vs simulated wall-clock time of SRPFL on neural networks
+(SRPFL Section 5 and Appendix C): FedRep, LG-FedAvg and FedAvg(+FT) with SRPFL's doubling
+participation (SRPFL, LG-SRPFL, FLANP(+FT)) and without it (every round waits for all N
+sampled clients), fixed and dynamic client speeds, communication cost C in {0, 10, 100},
+full and 20% participation.
+
+Runs (`hetero.timed.EvaluatedTimed` around the neural algorithms): every round samples
+N = participation x M clients and keeps the fastest n_t of them; the others are masked
+out, so a run compiles once across stages. SRPFL (Algorithm 1) keeps n0, 2 n0, ..., N for
+`stage_rounds` rounds each (n0 = n0_fraction x N; the authors' code: 10 of N = 100, 10
+rounds each); FLANP is the same doubling on FedAvg; the baselines keep all N. Accuracy:
+the mean over the M clients of each client's test accuracy with its own parameters
+(FedRep: the shared body and its personal head; LG-FedAvg: its personal body and the
+global head) or, for "+FT", with the global model's head fine-tuned for head_epochs on
+its training data (FedAvg-FT's evaluation).
+
+Clock: a round lasts the largest time per round of its kept clients, plus C. A client's
+time per round is its speed draw (fixed: Exp(1) once per client; dynamic: Exp(lambda_i)
+every round, lambda_i ~ U[1/M, 1]): its whole local work of a round takes one unit at
+speed 1 (local_updates = 1), as on the paper's time axis, where C = 10 is ten mean rounds
+of compute. Clients hold (near-)equal data (the paper partitions equally), so counting
+SGD steps would only rescale every round, and so C, by one constant. C changes nothing in
+training (who is kept depends on compute times only), so each run is simulated once and
+its clock with cost C is wall_clock + C t, what `Timed` with comm_cost C gives: one
+program per (algorithm, speed model, participation) runs both schedules and every seed.
+
+Target: target_fraction x FedRep's final accuracy (the mean of its last 10 evaluations),
+per seed and setting; time_to_target is the wall clock of the first evaluation at or
+above it (NaN where never reached). FedRep always runs: it sets the target.
+
+Datasets (`dataset`): digits (offline; the default and --quick: M = 50 clients with
+S = 5 classes each, the analogue of the paper's S = 5, digits-mlp, lr 0.05) and, where
+their files are present, the paper's CIFAR-10 (S = 5, cifar10-cnn), CIFAR-100 (S = 20,
+cifar100-cnn), EMNIST (balanced, its first 10 classes, S = 5, mlp) and FEMNIST (10
+letters, 150 samples per client, S = 3, mlp), with M = 100, lr 0.01, batch 10, 1 local
+epoch on CIFAR-10 and 5 on the others (Appendix C); no data augmentation. The fields
+that default to 0 take the dataset's values. --quick: digits, 60 rounds, 5 rounds per
+stage, full participation, every algorithm but plain FedAvg and FLANP.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_rep.core import loop
+from fedjax_rep.core.cohort import cohort_size
+from fedjax_rep.data import digits, federated, leaf, tfds_data
+from fedjax_rep.data import partition as partition_lib
+from fedjax_rep.hetero import timed
+from fedjax_rep.nn import hparams as hparams_lib
+from fedjax_rep.nn import models
+from fedjax_rep.nn import registry as nn_registry
+from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import neural as common
+from fedjax_rep.recipes import plotting
+from fedjax_rep.recipes import shared
+from fedjax_rep.recipes.srpfl import common as sc
+from fedjax_rep.recipes.registry import Recipe, register
+
+# algorithm -> (the neural algorithm it times, whether it follows SRPFL's doubling)
+ALGORITHMS = {"srpfl": ("fedrep", True), "fedrep": ("fedrep", False),
+              "lg-srpfl": ("lg-fedavg", True), "lg-fedavg": ("lg-fedavg", False),
+              "flanp-ft": ("fedavg-ft", True), "fedavg-ft": ("fedavg-ft", False),
+              "flanp": ("fedavg", True), "fedavg": ("fedavg", False)}
+LABELS = {"srpfl": "SRPFL", "fedrep": "FedRep", "lg-srpfl": "LG-SRPFL",
+          "lg-fedavg": "LG-FedAvg", "flanp-ft": "FLANP-FT", "fedavg-ft": "FedAvg-FT",
+          "flanp": "FLANP", "fedavg": "FedAvg"}
+COLORS = {"fedrep": "tab:blue", "lg-fedavg": "tab:green", "fedavg-ft": "tab:red",
+          "fedavg": "tab:orange"}  # by timed algorithm; doubling solid, all N dashed
+QUICK_ALGORITHMS = ("srpfl", "fedrep", "lg-srpfl", "lg-fedavg", "flanp-ft", "fedavg-ft")
+
+# dataset -> its model, number of classes and the values of the fields left at 0
+DATASETS = {
+    "digits": dict(model="digits-mlp", classes=10, num_clients=50, classes_per_client=5,
+                   lr=0.05, local_epochs=1),
+    "cifar10": dict(model="cifar10-cnn", classes=10, num_clients=100, classes_per_client=5,
+                    lr=0.01, local_epochs=1),
+    "cifar100": dict(model="cifar100-cnn", classes=100, num_clients=100,
+                     classes_per_client=20, lr=0.01, local_epochs=5),
+    "emnist": dict(model="mlp", classes=10, num_clients=100, classes_per_client=5, lr=0.01,
+                   local_epochs=5),
+    "femnist": dict(model="mlp", classes=10, num_clients=100, classes_per_client=3,
+                    lr=0.01, local_epochs=5),
+}
+TFDS_NAMES = {"cifar10": "cifar10", "cifar100": "cifar100", "emnist": "emnist/balanced"}
+FEMNIST_SAMPLES = 150  # training samples per client (the paper: 15,000 over 100 clients)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(common.Training):
+  participation: tuple = cfg.setting(
+      (1.0, 0.2), cfg.Check(float, low=0.0, high=1.0, open_low=True, sequence=True),
+      "fractions of the M clients sampled each round (N = participation x M), one row of "
+      "panels each")
+  local_epochs: int = cfg.positive_int("local epochs per round (FedRep: of the body; 0: the "
+                                       "dataset's, 1 on digits and CIFAR-10, else 5)", 0, low=0)
+  lr: float = cfg.nonnegative_float("step size of local SGD (0: the dataset's, 0.05 on "
+                                    "digits, else the paper's 0.01)", 0.0)
+  eval_every: int = common.eval_every(2)
+  dataset: str = cfg.choice("the data (all but digits need their files: fedjax-rep data)",
+                            "digits", tuple(DATASETS))
+  num_clients: int = cfg.positive_int("number of clients M (0: the dataset's, 50 on digits, "
+                                      "else the paper's 100)", 0, low=0)
+  classes_per_client: int = cfg.positive_int(
+      "classes per client S (0: the dataset's, the paper's 5 on CIFAR-10 and EMNIST, 20 on "
+      "CIFAR-100, 3 on FEMNIST; 5 on digits)", 0, low=0)
+  speed_models: tuple = cfg.choice("client speed models, one row of panels each",
+                                   ("fixed", "dynamic"), ("fixed", "dynamic"), sequence=True)
+  comm_costs: tuple = cfg.setting((0.0, 10.0, 100.0), cfg.Check(float, low=0.0, sequence=True),
+                                  "communication costs C per round, one column each")
+  algorithms: tuple = cfg.choice("algorithms to compare (FedRep always runs: it sets the "
+                                 "target)", tuple(ALGORITHMS), tuple(ALGORITHMS), sequence=True)
+  n0_fraction: float = cfg.fraction("SRPFL's (and FLANP's) first participants n0 = max(1, "
+                                    "round(n0_fraction x N)) (the authors: 10 of 100)", 0.1)
+  stage_rounds: int = cfg.positive_int("rounds per SRPFL stage before the participants "
+                                       "double (the authors: 10)", 10)
+  target_fraction: float = cfg.fraction("target accuracy = target_fraction x FedRep's final "
+                                        "accuracy, per seed and setting", 0.9)
+
+  def check(self):
+    """S must fit the dataset's classes and the dataset's files must be there (before any
+    work: DataMissing names the command that prepares them)."""
+    classes = DATASETS[self.dataset]["classes"]
+    if setting(self)["classes_per_client"] > classes:
+      raise cfg.ConfigError(f"classes_per_client={self.classes_per_client} is out of range: "
+                            f"{self.dataset} has {classes} classes")
+    if self.dataset == "femnist":
+      leaf.require("femnist", None)
+    elif self.dataset in TFDS_NAMES:
+      tfds_data.require(TFDS_NAMES[self.dataset])
+
+
+def setting(config: Config) -> dict:
+  """The dataset's model, classes, M, S, lr and local epochs, with the config's non-zero
+  fields over them."""
+  return {k: getattr(config, k, 0) or v for k, v in DATASETS[config.dataset].items()}
+
+
+def data(config: Config, seed_values) -> federated.ClientDatasets:
+  """Every seed's M clients (S classes each, near-equal sizes; the seed draws the
+  partition), stacked along a leading seed axis."""
+  s = setting(config)
+  if config.dataset == "digits":
+    return federated.stack([digits.federated(s["num_clients"], "classes",
+                                             s["classes_per_client"], seed=seed)
+                            for seed in seed_values])
+  if config.dataset == "femnist":
+    x, y, x_test, y_test = leaf.femnist_letters(s["num_clients"] * FEMNIST_SAMPLES, config.seed)
+  else:
+    x, y, x_test, y_test = tfds_data.load(TFDS_NAMES[config.dataset], classes=s["classes"])
+  datasets = []
+  for seed in seed_values:
+    parts, test_parts = partition_lib.partition(
+        "classes", y, y_test, num_clients=s["num_clients"], seed=seed,
+        classes_per_client=s["classes_per_client"])
+    datasets.append(federated.client_datasets(x, y, parts, x_test, y_test, test_parts,
+                                              s["classes"]))
+  return federated.stack(datasets)
+
+
+def algorithm_names(config: Config) -> tuple:
+  """config.algorithms and FedRep (it sets the target), in ALGORITHMS' order."""
+  return tuple(a for a in ALGORITHMS if a == "fedrep" or a in config.algorithms)
+
+
+def first_reached(result: dict, targets: np.ndarray):
+  """(rounds [seeds], times [seeds]) of a result with a seed axis: the first evaluated
+  round whose test accuracy is at least targets [seeds], and the wall clock then; NaN
+  where never."""
+  hits = result["eval"]["test_accuracy"] >= targets[:, None]
+  rounds = np.asarray(result["eval_rounds"])[np.argmax(hits, axis=1)]
+  times = np.take_along_axis(result["metrics"]["wall_clock"], rounds[:, None] - 1, axis=1)[:, 0]
+  reached = hits.any(axis=1)
+  return np.where(reached, rounds, np.nan), np.where(reached, times, np.nan)
+
+
+def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed: str,
+                participation: float) -> list[dict]:
+  """Rows of every algorithm with one speed model and participation, for every C: one
+  program (cached unit '<timed algorithm>-<speed>-r<participation>') per timed neural
+  algorithm, running its schedules and every seed, vmapped."""
+  s = setting(config)
+  seeds, num_clients = len(seed_values), s["num_clients"]
+  cohort = cohort_size(num_clients, participation)
+  n0 = max(1, round(config.n0_fraction * cohort))
+  schedules = {True: timed.srpfl_participants(cohort, n0, config.rounds, config.stage_rounds),
+               False: timed.fixed_participants(cohort, cohort, config.rounds)}
+  model = models.make_model(s["model"], s["classes"])
+  inner_hparams = hparams_lib.hparams(s["lr"], config.momentum, config.weight_decay)
+  per_seed = lambda tree: jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], seeds, 0), tree)
+  keys = common.run_keys(seed_values)
+  names = algorithm_names(config)
+  results = {}
+  for inner in dict.fromkeys(ALGORITHMS[name][0] for name in names):
+    group = [name for name in names if ALGORITHMS[name][0] == inner]
+    algorithm = timed.EvaluatedTimed(
+        nn_registry.make_algorithm(inner, model=model, cohort=cohort,
+                                   local_epochs=s["local_epochs"],
+                                   head_epochs=config.head_epochs,
+                                   batch_size=config.batch_size,
+                                   client_group=config.client_group,
+                                   ft_epochs=config.head_epochs),
+        sc.speed_model(speed, num_clients), cohort=cohort, name=f"timed-{inner}")
+    unit_name = f"{inner}-{speed}-r{participation:g}"
+
+    def compute():
+      hp = shared.concatenate([per_seed(timed.hparams(inner_hparams,
+                                                      schedules[ALGORITHMS[name][1]]))
+                               for name in group])
+      result = loop.run(algorithm, shared.concatenate([datasets] * len(group)), hp,
+                        jnp.tile(keys, (len(group),)), config.rounds,
+                        eval_every=config.eval_every, sweep_axes=(0, 0, 0),
+                        progress=progress, desc=unit_name)
+      return {"metrics": result.metrics, "eval_rounds": result.eval_rounds,
+              "eval": result.eval_metrics}
+
+    result = unit(unit_name, compute)
+    for i, name in enumerate(group):
+      results[name] = common.runs(result, i * seeds, (i + 1) * seeds)
+
+  final = results["fedrep"]["eval"]["test_accuracy"][:, -common.LAST_EVALUATIONS:]
+  targets = config.target_fraction * final.mean(axis=1)
+  rows = []
+  for comm_cost in config.comm_costs:
+    for name in names:
+      result = results[name]
+      clock = result["metrics"]["wall_clock"] + comm_cost * np.arange(1, config.rounds + 1)
+      result = {**result, "metrics": {**result["metrics"], "wall_clock": clock}}
+      rounds, times = first_reached(result, targets)
+      for i, seed in enumerate(seed_values):
+        rows += common.rows(name, [seed], common.runs(result, i, i + 1),
+                            speed_model=speed, participation=participation,
+                            comm_cost=comm_cost, target=float(targets[i]),
+                            rounds_to_target=float(rounds[i]), time_to_target=float(times[i]))
+  return rows
+
+
+def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+  seed_values = list(range(config.seed, config.seed + seeds))
+  datasets = data(config, seed_values)
+  rows = []
+  for speed in config.speed_models:
+    for participation in config.participation:
+      rows += run_setting(config, datasets, seed_values, unit, progress, speed=speed,
+                          participation=participation)
+  return rows
+
+
+def summarize(rows, config: Config) -> list[dict]:
+  """Per speed model, participation, C and algorithm: the final test accuracy (as
+  nn_common.summary), the mean target, the mean time and rounds to target over the seeds
+  that reach it, how many do, and the time relative to FedRep's."""
+  table = []
+  for speed in config.speed_models:
+    for participation in config.participation:
+      for comm_cost in config.comm_costs:
+        selected = plotting.select(rows, speed_model=speed, participation=participation,
+                                   comm_cost=comm_cost)
+        entries = common.summary(selected, algorithm_names(config))
+        for entry in entries:
+          runs = plotting.select(selected, algorithm=entry["algorithm"], round=1)
+          reached = [r for r in runs if np.isfinite(r["time_to_target"])]
+          entry.update(speed_model=speed, participation=participation, comm_cost=comm_cost,
+                       target=float(np.mean([r["target"] for r in runs])),
+                       reached=f"{len(reached)}/{len(runs)}",
+                       **{key: float(np.mean([r[key] for r in reached])) if reached else np.nan
+                          for key in ("time_to_target", "rounds_to_target")})
+        fedrep = next(e for e in entries if e["algorithm"] == "fedrep")
+        for entry in entries:
+          entry["time_vs_fedrep"] = entry["time_to_target"] / fedrep["time_to_target"]
+        table += entries
+  return table
+
+
+def participation_label(participation: float) -> str:
+  return "full participation" if participation == 1 else f"{participation:.0%} participation"
+
+
+def plot(rows, config: Config, file) -> None:
+  """Test accuracy vs wall clock (log scale: SRPFL's first stages take little time): one
+  panel per (speed model, participation) row and C column, one line per algorithm (mean
+  over seeds, min-max band), the target dotted."""
+  from matplotlib.ticker import NullFormatter  # matplotlib loads with the first figure
+  settings = [(speed, p) for speed in config.speed_models for p in config.participation]
+  fig, axes = plotting.figure(len(config.comm_costs), width=4.4, height=3.3, rows=len(settings))
+  axes = np.asarray(axes).reshape(len(settings), len(config.comm_costs))
+  for i, (speed, participation) in enumerate(settings):
+    for j, comm_cost in enumerate(config.comm_costs):
+      ax = axes[i, j]
+      panel = plotting.select(rows, speed_model=speed, participation=participation,
+                              comm_cost=comm_cost)
+      grids = list(dict.fromkeys(r["grid"] for r in panel if "grid" in r)) or [None]
+      for name in algorithm_names(config):
+        inner, doubling = ALGORITHMS[name]
+        for g, label in enumerate(grids):  # a --grid: one line per combination, darker
+          where = {"algorithm": name} if label is None else {"algorithm": name, "grid": label}
+          xs, mean, low, high = plotting.curves(panel, "wall_clock", "test_accuracy",
+                                                along="round", **where)
+          ax.plot(xs, mean, color=COLORS[inner], ls="-" if doubling else "--", lw=1.4,
+                  alpha=1 - 0.6 * g / len(grids),
+                  label=LABELS[name] + ("" if label is None else f" ({label})"))
+          ax.fill_between(xs, low, high, color=COLORS[inner], alpha=0.12, lw=0)
+      ax.axhline(np.mean([r["target"] for r in panel if r["round"] == 1]), color="black",
+                 ls=":", lw=1, label="target")
+      ax.set_title(f"{speed} speeds, {participation_label(participation)}, C = {comm_cost:g}",
+                   fontsize=9)
+      ax.set(xscale="log", xlabel="simulated wall-clock time", ylabel="test accuracy")
+      ax.xaxis.set_minor_formatter(NullFormatter())
+      ax.grid(alpha=0.3)
+  handles, labels = axes[0, 0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=9)
+  s = setting(config)
+  fig.suptitle(f"SRPFL (neural): {config.dataset}, {s['model']}, M={s['num_clients']}, "
+               f"S={s['classes_per_client']}; SRPFL/FLANP double from n0 = "
+               f"{config.n0_fraction:g} N every {config.stage_rounds} rounds; target = "
+               f"{config.target_fraction:g} x FedRep's final accuracy")
+  plotting.save(fig, file, bottom=0.7 / fig.get_figheight())
+
+
+RECIPE = register(Recipe(
+    name="srpfl-neural",
+    summary="SRPFL on neural nets: test accuracy vs simulated wall-clock time, SRPFL, "
+            "LG-SRPFL, FLANP(-FT) vs FedRep, LG-FedAvg, FedAvg(-FT); fixed and dynamic "
+            "speeds, C in {0, 10, 100}, full and 20% participation",
+    config=Config, quick={"rounds": 60, "stage_rounds": 5, "participation": (1.0,),
+                         "algorithms": QUICK_ALGORITHMS},
+    run=run, plot=plot, default_seeds=2, summarize=summarize))
