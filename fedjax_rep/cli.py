@@ -13,21 +13,25 @@ from fedjax_rep.core import checkpoint
 DEFAULT_RECIPE = "fedrep-fig3"
 
 
+def _section(title: str, summaries: dict[str, str]) -> None:
+  """Prints `title`, then one line per name with its summary, the summaries aligned two
+  spaces after the longest name."""
+  print(title)
+  width = max(map(len, summaries), default=0) + 2
+  for name, summary in summaries.items():
+    print(f"  {name:<{width}}{summary}")
+
+
 def _list() -> None:
   from fedjax_rep import api  # noqa: F401  registers every family's algorithms
   from fedjax_rep.core.registry import ALGORITHMS
   from fedjax_rep.hetero.timed import SCHEDULES
   from fedjax_rep.recipes.registry import all_recipes
-  print("recipes:")
-  for name, recipe in all_recipes().items():
-    print(f"  {name:<20} {recipe.summary}")
+  _section("recipes:", {name: recipe.summary for name, recipe in all_recipes().items()})
   for family, entries in ALGORITHMS.items():
-    print(f"{family} algorithms:")
-    for name, entry in entries.items():
-      print(f"  {name:<20} {entry.summary}")
-  print("participation schedules on a simulated clock (wrap fedrep: hetero.timed):")
-  for name, summary in SCHEDULES.items():
-    print(f"  {name:<20} {summary}")
+    _section(f"{family} algorithms:", {name: entry.summary for name, entry in entries.items()})
+  _section("participation schedules on a simulated clock (wrap fedrep: hetero.timed):",
+           SCHEDULES)
 
 
 def _data() -> None:
@@ -78,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
   run.add_argument("--no-progress", action="store_true", help="hide the progress bars")
   run.add_argument("--no-compile-cache", action="store_true",
                    help="do not read or write the persistent compilation cache (default: on, "
-                   "in $FEDJAX_REP_CACHE or ~/.cache/fedjax_rep/jax)")
+                   "in $FEDJAX_REP_CACHE if set, else in $XDG_CACHE_HOME/fedjax_rep/jax, "
+                   "$XDG_CACHE_HOME defaulting to ~/.cache)")
   return parser
 
 
@@ -101,8 +106,12 @@ def _what_to_run(args) -> tuple[str, dict]:
     raise ConfigError(f"{option} reads the recipe, seeds, configuration and grid from "
                       f"config.json: do not also give {', '.join(given)}")
   if args.resume:
-    if not os.path.isdir(args.resume):
-      raise ConfigError(f"--resume {args.resume}: no such run directory")
+    if not os.path.isfile(os.path.join(args.resume, "config.json")):
+      problem = ("is not a run directory (no config.json in it)" if os.path.isdir(args.resume)
+                 else "does not exist")
+      raise ConfigError(f"--resume {args.resume} {problem}: give the --out directory of an "
+                        f"earlier `fedjax-rep run`, or start a run in it with `fedjax-rep run "
+                        f"RECIPE --out {shlex.quote(args.resume)}`")
     what = registry.replay(os.path.join(args.resume, "config.json"))
     return what.pop("name"), {**what, "out": args.resume}
   what = registry.replay(args.from_config)

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 
 import pytest
 
@@ -99,6 +100,50 @@ def test_list(capsys):
   assert "  flute " in linear and "  local " not in linear  # local only is no round algorithm
   for name in ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local"):
     assert f"  {name} " in neural
+
+
+def test_list_aligns_the_descriptions_of_each_section(capsys):
+  assert cli.main(["list"]) == 0
+  sections = {}
+  for line in capsys.readouterr().out.splitlines():
+    if not line.startswith(" "):
+      title = line
+      continue
+    name, gap = re.match(r"  (\S+)( +)\S", line).groups()
+    sections.setdefault(title, []).append((name, 2 + len(name) + len(gap)))
+  assert len(sections) >= 4 and "recipes:" in sections
+  for title, rows in sections.items():
+    longest = max(len(name) for name, _ in rows)
+    assert {column for _, column in rows} == {2 + longest + 2}, (title, rows)
+  assert max(len(name) for name, _ in sections["recipes:"]) > 20  # names past the old width
+
+
+def test_run_help_names_the_compile_cache_variables(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["run", "--help"])
+  text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+  assert "$FEDJAX_REP_CACHE" in text and "$XDG_CACHE_HOME/fedjax_rep/jax" in text
+
+
+def test_resume_of_a_directory_that_is_no_run_says_so(tmp_path, capsys, compiles):
+  empty, notes = tmp_path / "empty", tmp_path / "notes"
+  empty.mkdir()
+  notes.mkdir()
+  (notes / "notes.txt").write_text("")
+  for directory, problem in ((empty, "is not a run directory (no config.json in it)"),
+                             (notes, "is not a run directory (no config.json in it)"),
+                             (tmp_path / "missing", "does not exist")):
+    assert cli.main(["run", "--resume", str(directory)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith(
+        f"fedjax-rep: error: --resume {directory} {problem}: give the --out directory of an "
+        f"earlier `fedjax-rep run`"), error
+    assert "config.json of a run" not in error
+  assert cli.main(["run", "--from-config", str(empty / "config.json")]) == 2
+  error = capsys.readouterr().err
+  assert f"cannot read {empty / 'config.json'}" in error and "give the config.json" in error
+  assert not os.listdir(empty) and os.listdir(notes) == ["notes.txt"]
+  assert not (tmp_path / "missing").exists() and compiles.count == 0
 
 
 def test_run_writes_outputs_and_resumes(tmp_path, monkeypatch):

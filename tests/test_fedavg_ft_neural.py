@@ -4,6 +4,7 @@ of features (`nn.representation`) and the fedavg-ft-neural recipe."""
 import csv
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,12 +78,6 @@ def reference_round(shared, key, data, hp, clients, steps):
   return {p: sum(c * t[p] for c, t in zip(counts, trained)) / sum(counts) for p in shared}
 
 
-def assert_close(a, b):
-  assert a.keys() == b.keys()
-  for p in a:
-    np.testing.assert_allclose(np.asarray(a[p]), b[p], rtol=RTOL, atol=ATOL, err_msg=p)
-
-
 @pytest.mark.parametrize("i", [0, 3])  # count 2 < batch (one step an epoch); count 13
 def test_client_steps_match_reference(i):
   data = make_data()
@@ -97,7 +92,7 @@ def test_client_steps_match_reference(i):
   expected, expected_loss = reference_steps(shared, np.asarray(x, np.float64), np.asarray(y),
                                             int(count), key, HP, 11, BATCH)
   assert personal == {}
-  assert_close(trained, expected)
+  chex.assert_trees_all_close(trained, expected, rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(loss, expected_loss, rtol=RTOL)
 
 
@@ -114,7 +109,7 @@ def test_rounds_match_reference():
     key_cohort, key_clients = jax.random.split(key)
     clients = cohort_lib.sample_cohort(key_cohort, data.num_clients, algorithm.cohort)
     shared = reference_round(shared, key_clients, data, HP, clients, 3)
-  assert_close(state.shared, shared)
+  chex.assert_trees_all_close(state.shared, shared, rtol=RTOL, atol=ATOL)
 
 
 def test_d_sgd_round_is_one_sgd_step_on_the_mean_gradient():
@@ -138,7 +133,8 @@ def test_d_sgd_round_is_one_sgd_step_on_the_mean_gradient():
     losses.append(count * loss)
     for p in step:
       step[p] += count * (grads[p] + float(HP.weight_decay) * theta[p]) / sum(COUNTS)
-  assert_close(new.shared, {p: theta[p] - float(HP.lr) * step[p] for p in theta})
+  chex.assert_trees_all_close(new.shared, {p: theta[p] - float(HP.lr) * step[p] for p in theta},
+                              rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(metrics["train_loss"], sum(losses) / sum(COUNTS), rtol=RTOL)
 
 
@@ -155,7 +151,7 @@ def test_registered_d_sgd_is_fedavg_steps_with_one_step():
   data = make_data()
   a, b = (fr.run(alg, data, HP, jax.random.key(0), 3, progress=False).state.shared
           for alg in (d_sgd, fedavg))
-  jax.tree.map(np.testing.assert_array_equal, a, b)
+  chex.assert_trees_all_equal(a, b)
 
 
 def test_local_steps_must_be_positive():
@@ -218,7 +214,7 @@ def test_recipe_quick(tmp_path):
     rows = list(csv.DictReader(f))
   training = [r for r in rows if r["train_loss"]]
   assert len(training) == 2 * config.rounds * (1 + config.local_steps)
-  assert all(np.isfinite(float(r["train_loss"])) for r in training)
+  chex.assert_tree_all_finite([float(r["train_loss"]) for r in training])
   entries = [r for r in rows if r["cosine_similarity"]]
   assert len(entries) == 2 * 2 * 10 * 10
   assert all(-1.0 <= float(r["cosine_similarity"]) <= 1.0 for r in entries)

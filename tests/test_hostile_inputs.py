@@ -6,6 +6,7 @@ import re
 import warnings
 from typing import Callable
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -222,11 +223,9 @@ def our_warnings(record) -> list[str]:
 
 def assert_finite(result):
   assert not result.metrics["diverged"].any()
-  for name, values in result.metrics.items():
-    assert np.isfinite(values).all(), name
-  for leaf in jax.tree.leaves(result.state):
-    if np.issubdtype(np.asarray(leaf).dtype, np.inexact):
-      assert np.isfinite(np.asarray(leaf)).all()
+  chex.assert_tree_all_finite(result.metrics)
+  chex.assert_tree_all_finite([leaf for leaf in jax.tree.leaves(result.state)
+                               if np.issubdtype(np.asarray(leaf).dtype, np.inexact)])
 
 
 RUNS = [
@@ -303,7 +302,7 @@ def test_data_on_an_accelerator_are_not_copied_to_the_host(arrays_on_an_accelera
   data = fr.client_data(X, Y)
   assert checks.host(data).X is data.X
   state = fr.init_state(fedrep(), data, HP, KEY)
-  assert np.isfinite(np.asarray(state.B)).all()
+  chex.assert_tree_all_finite(state.B)
 
 
 # The property: one shape (4 clients, 3 samples, d = 3) so that examples share programs;

@@ -2,6 +2,7 @@
 and the `fedjax-rep data` command; offline and fast."""
 
 import json
+import logging
 import os
 import time
 
@@ -36,6 +37,20 @@ def test_tfds_mock_shapes_dtypes_and_ranges(name, shape, classes):
   for images, labels in ((x, y), (x_test, y_test)):
     assert 0.0 <= images.min() and images.max() <= 1.0 and images.std() > 0
     assert 0 <= labels.min() and labels.max() < classes
+
+
+def test_tfds_mock_data_log_no_missing_dataset_info_warning(caplog):
+  # tfds's mock metadata folders hold no dataset_info.json, and tfds warns of it on the
+  # 'absl' logger on every mock load; the mock data need none.
+  absl = logging.getLogger("absl")
+  filters = list(absl.filters)
+  with caplog.at_level(logging.WARNING):
+    tfds_data.load("cifar10", mock_examples=4)
+    absl.warning("Variant folder x has invalid version y")  # other warnings still pass
+  messages = [record.getMessage() for record in caplog.records]
+  assert not [m for m in messages if "has no dataset_info.json" in m], messages
+  assert "Variant folder x has invalid version y" in messages
+  assert absl.filters == filters
 
 
 def test_tfds_missing_is_fast_and_names_the_command(tmp_path):

@@ -1,3 +1,4 @@
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -39,10 +40,6 @@ def _full_precision():
     yield
 
 
-def _close(a, b):
-  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL)
-
-
 def _normal(seed, shape):
   """Standard normal float32 test data (numpy: no per-op XLA compiles)."""
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
@@ -70,7 +67,9 @@ def test_im2col_matches_xla(batch, kernel_size):
   cot = _normal(3, (*batch, 10 - kernel_size[0], 9 - kernel_size[1], 6))
   y, grads = _conv_value_and_grads("im2col", kernel_size, cot)(params, x)
   assert y.shape == cot.shape
-  jax.tree.map(_close, (y, grads), _conv_value_and_grads("xla", kernel_size, cot)(params, x))
+  chex.assert_trees_all_close((y, grads),
+                              _conv_value_and_grads("xla", kernel_size, cot)(params, x),
+                              rtol=RTOL, atol=ATOL)
 
 
 def test_im2col_matches_xla_vmapped_over_client_kernels():
@@ -84,7 +83,8 @@ def test_im2col_matches_xla_vmapped_over_client_kernels():
       return jnp.sum(jnp.sin(Conv(4, (5, 5), impl).apply({"params": p}, x)))
     return jax.jit(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1))))
 
-  jax.tree.map(_close, per_client("im2col")(params, x), per_client("xla")(params, x))
+  chex.assert_trees_all_close(per_client("im2col")(params, x), per_client("xla")(params, x),
+                              rtol=RTOL, atol=ATOL)
 
 
 def test_conv_params_and_impls():
@@ -104,8 +104,9 @@ def test_max_pool2_matches_flax():
     return [jax.value_and_grad(lambda x: jnp.sum(jnp.cos(pool(x))))(x)
             for pool in (max_pool2, lambda x: nn.max_pool(x, (2, 2), strides=(2, 2)))]
 
-  jax.tree.map(_close, *value_and_grad(x))
-  _close(jax.jit(max_pool2)(x), nn.max_pool(x, (2, 2), strides=(2, 2)))
+  chex.assert_trees_all_close(*value_and_grad(x), rtol=RTOL, atol=ATOL)
+  chex.assert_trees_all_close(jax.jit(max_pool2)(x), nn.max_pool(x, (2, 2), strides=(2, 2)),
+                              rtol=RTOL, atol=ATOL)
   assert jax.eval_shape(max_pool2, jnp.zeros((2, 4, 8, 6, 5))).shape == (2, 4, 4, 3, 5)
   with pytest.raises(ValueError, match="even"):
     max_pool2(jnp.zeros((1, 5, 4, 1)))
@@ -131,8 +132,7 @@ def _random_params(model, input_shape):
 def test_init_params():
   model = make_model("digits-cnn")
   params = init_params(model, jax.random.key(0), (8, 8, 1))
-  assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape,
-                                                         _random_params(model, (8, 8, 1)))
+  chex.assert_trees_all_equal_shapes(params, _random_params(model, (8, 8, 1)))
   assert not np.any(params["head"]["bias"]) and np.std(params["body"]["fc1"]["kernel"]) > 0
 
 
@@ -181,12 +181,12 @@ def test_features_logits_and_dropout(model_and_params):
   logits, h, head_logits, trained, head_trained = outputs(params, x)
   width = params["head"]["kernel"].shape[0]
   assert logits.shape == (2, 3, NUM_CLASSES[name]) and h.shape == (2, 3, width)
-  _close(head_logits, logits)
-  _close(head_trained, trained)
+  chex.assert_trees_all_close((head_logits, head_trained), (logits, trained), rtol=RTOL,
+                              atol=ATOL)
   if model.dropout > 0:
     assert not np.allclose(trained, logits)
   else:
-    _close(trained, logits)
+    chex.assert_trees_all_close(trained, logits, rtol=RTOL, atol=ATOL)
 
 
 def test_conv_impls_agree_in_model():
@@ -196,7 +196,7 @@ def test_conv_impls_agree_in_model():
   params = _random_params(models[0], (8, 8, 1))
   grads = [jax.jit(jax.grad(lambda p: jnp.sum(m.apply({"params": p}, x) * y)))(params)
            for m in models]
-  jax.tree.map(_close, *grads)
+  chex.assert_trees_all_close(*grads, rtol=RTOL, atol=ATOL)
 
 
 def test_synthetic_mlp_on_vectors():
@@ -265,14 +265,14 @@ def test_lstm_ignores_padding(lstm):
       "embedding": params["body"]["embed"]["embedding"].at[0].set(5.0)}}}
   for got in (outputs(other, x), outputs(params, np.where(np.arange(5)[:, None] == 1, 0, x))):
     kept = np.array([0, 2, 3, 4])
-    np.testing.assert_array_equal(got[0][kept], h[kept])
-    np.testing.assert_array_equal(got[1][kept], logits[kept])
+    chex.assert_trees_all_equal(jax.tree.map(lambda a: a[kept], got), (h[kept], logits[kept]))
   # other lengths: equal up to rounding (other shapes may take other matmul kernels)
   longer = outputs(params, np.pad(x, ((0, 0), (0, 4))))
-  jax.tree.map(_close, longer, (h, logits))
+  chex.assert_trees_all_close(longer, (h, logits), rtol=RTOL, atol=ATOL)
   for i, length in enumerate(LENGTHS):
     if length:
-      jax.tree.map(_close, outputs(params, x[i:i + 1, :length]), (h[i:i + 1], logits[i:i + 1]))
+      chex.assert_trees_all_close(outputs(params, x[i:i + 1, :length]),
+                                  (h[i:i + 1], logits[i:i + 1]), rtol=RTOL, atol=ATOL)
 
 
 def _flax_cell_params(layer):
@@ -293,7 +293,7 @@ def test_lstm_matches_flax_cells(lstm):
   for layer in ("lstm1", "lstm2"):
     carry, h = rnn.apply({"params": {"cell": _flax_cell_params(params["body"][layer])}}, h,
                          seq_lengths=lengths, return_carry=True)
-  _close(outputs(params, x)[0], carry[1])
+  chex.assert_trees_all_close(outputs(params, x)[0], carry[1], rtol=RTOL, atol=ATOL)
 
 
 def test_lstm_padding_rows_and_gradients_finite(lstm):
@@ -306,7 +306,7 @@ def test_lstm_padding_rows_and_gradients_finite(lstm):
 
   for x in (_tokens(0, LENGTHS * 2).reshape(2, 5, SEQ), np.zeros((2, 5, SEQ), np.int32)):
     value, grads = value_and_grad(params, x)
-    assert np.isfinite(value) and all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+    chex.assert_tree_all_finite((value, grads))
   assert not np.any(grads["body"]["lstm1"]["kernel_i"])  # padding only: no path to the body
 
 
@@ -340,6 +340,7 @@ def test_lstm_vmapped_over_clients(lstm):
   stacked = jax.tree.map(lambda *a: np.stack(a), *clients)
   per_client = jax.jit(jax.vmap(outputs))(stacked, x)
   for c in range(3):
-    jax.tree.map(_close, jax.tree.map(lambda a, c=c: a[c], per_client), outputs(clients[c], x[c]))
+    chex.assert_trees_all_close(jax.tree.map(lambda a, c=c: a[c], per_client),
+                                outputs(clients[c], x[c]), rtol=RTOL, atol=ATOL)
   shared = jax.jit(jax.vmap(outputs, in_axes=(None, 0)))(params, x)
-  jax.tree.map(_close, shared, outputs(params, x))
+  chex.assert_trees_all_close(shared, outputs(params, x), rtol=RTOL, atol=ATOL)

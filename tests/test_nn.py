@@ -1,6 +1,7 @@
 """The neural engine: vmapped local training, masking, personal state, FedRep's phases,
 evaluation and compiles."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,10 +27,6 @@ def make(name, cohort=3, **structure):
   return fr.make_neural_algorithm(name, model=MODEL, cohort=cohort, **structure)
 
 
-def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
-
-
 @pytest.mark.parametrize("group", [None, 1, 2, 4])
 def test_vmapped_local_training_equals_each_client_alone(group):
   data = small_data()
@@ -47,7 +44,8 @@ def test_vmapped_local_training_equals_each_client_alone(group):
   alone = jax.jit(lambda i: client((jax.tree.map(lambda p: p[i], state.personal), data.x[i],
                                     data.y[i], data.counts[i], keys[i])))
   for i in range(6):
-    assert_trees_close(jax.tree.map(lambda p: p[i], together), alone(i))
+    chex.assert_trees_all_close(jax.tree.map(lambda p: p[i], together), alone(i), rtol=1e-5,
+                                atol=1e-6)
 
 
 def test_padding_does_not_change_a_clients_training():
@@ -63,7 +61,7 @@ def test_padding_does_not_change_a_clients_training():
   x_padded = jnp.concatenate([x, jnp.full((pad, *x.shape[1:]), 7.0)])  # junk, not zeros
   y_padded = jnp.concatenate([y, jnp.full((pad,), 3, y.dtype)])
   plain, padded = update(x, y), update(x_padded, y_padded)
-  assert_trees_close(plain, padded)
+  chex.assert_trees_all_close(plain, padded, rtol=1e-5, atol=1e-6)
 
 
 def test_unsampled_and_masked_clients_keep_their_personal_params():
@@ -75,12 +73,12 @@ def test_unsampled_and_masked_clients_keep_their_personal_params():
       lambda p: p + jnp.arange(8.0).reshape(-1, *[1] * (p.ndim - 1)), state.personal))
   clients, mask = jnp.array([5, 1, 6]), jnp.array([True, False, True])
   new, _ = jax.jit(algorithm.masked_round)(state, jax.random.key(1), data, HP, clients, mask)
-  for leaf_old, leaf_new in zip(jax.tree.leaves(state.personal), jax.tree.leaves(new.personal)):
-    for c in range(8):
-      if c in (5, 6):
-        assert not np.allclose(leaf_old[c], leaf_new[c])
-      else:  # unsampled (0, 2, 3, 4, 7) or masked (1)
-        np.testing.assert_array_equal(leaf_old[c], leaf_new[c])
+  for c in range(8):
+    old, now = (jax.tree.map(lambda p: p[c], t) for t in (state.personal, new.personal))
+    if c in (5, 6):
+      assert not any(np.allclose(a, b) for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(now)))
+    else:  # unsampled (0, 2, 3, 4, 7) or masked (1)
+      chex.assert_trees_all_equal(old, now)
 
 
 def test_fedrep_head_epochs_leave_the_body_unchanged():
@@ -93,7 +91,7 @@ def test_fedrep_head_epochs_leave_the_body_unchanged():
   head = jax.tree.map(lambda p: p[0], state.personal)
   new_head, _ = jax.jit(lambda: algorithm.train_head(
       state.shared, head, data.x[0], data.y[0], data.counts[0], jax.random.key(2), HP, 3))()
-  assert_trees_close(state.shared, body_before, rtol=0, atol=0)
+  chex.assert_trees_all_equal(state.shared, body_before)
   assert not np.allclose(new_head["head/kernel"], head["head/kernel"])
   # ... and the head phase trains on features computed once: same as training the head
   # of the whole model with the body frozen.
@@ -103,7 +101,7 @@ def test_fedrep_head_epochs_leave_the_body_unchanged():
   direct, _ = jax.jit(lambda: train.sgd_epochs(full_loss, head, data.x[0], data.y[0],
                                                data.counts[0], jax.random.key(2), HP,
                                                epochs=3, batch_size=4))()
-  assert_trees_close(new_head, direct)
+  chex.assert_trees_all_close(new_head, direct, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name,shared,personal", [
@@ -129,9 +127,9 @@ def test_server_averages_only_the_shared_params_weighted_by_counts():
   per_client = [jax.jit(algorithm.client_update)(state.shared, {}, data.x[i], data.y[i],
                                                  data.counts[i], keys[i], HP) for i in range(6)]
   weights = np.asarray(data.counts, np.float64) / float(np.sum(data.counts))
-  for path in state.shared:
-    expected = sum(w * np.asarray(c[0][path]) for w, c in zip(weights, per_client))
-    np.testing.assert_allclose(new.shared[path], expected, rtol=1e-5, atol=1e-6)
+  expected = {p: sum(w * np.asarray(c[0][p]) for w, c in zip(weights, per_client))
+              for p in state.shared}
+  chex.assert_trees_all_close(new.shared, expected, rtol=1e-5, atol=1e-6)
   expected_loss = sum(w * float(c[2]) for w, c in zip(weights, per_client))
   np.testing.assert_allclose(metrics["train_loss"], expected_loss, rtol=1e-5)
 
@@ -199,7 +197,7 @@ def test_fedavg_ft_fine_tunes_only_for_evaluation():
   fedavg, fedavg_ft = make("fedavg"), make("fedavg-ft", ft_epochs=3)
   a = fr.run(fedavg, data, HP, jax.random.key(0), 3, progress=False)
   b = fr.run(fedavg_ft, data, HP, jax.random.key(0), 3, progress=False)
-  assert_trees_close(a.state.shared, b.state.shared, rtol=0, atol=0)  # same training
+  chex.assert_trees_all_equal(a.state.shared, b.state.shared)  # same training
   assert b.eval_metrics["test_accuracy"][-1] > a.eval_metrics["test_accuracy"][-1]
 
 
@@ -214,7 +212,8 @@ def test_local_only_never_communicates():
   i = 4
   alone = jax.jit(algorithm.client_update)({}, jax.tree.map(lambda p: p[i], state.personal),
                                            data.x[i], data.y[i], data.counts[i], keys[i], HP)[1]
-  assert_trees_close(jax.tree.map(lambda p: p[i], new.personal), alone)
+  chex.assert_trees_all_close(jax.tree.map(lambda p: p[i], new.personal), alone, rtol=1e-5,
+                              atol=1e-6)
 
 
 def test_new_clients_fit_a_head_on_the_learned_body():

@@ -1,6 +1,7 @@
 """The neural algorithms' rounds and evaluation against the numpy reference (nn_reference):
 a tiny MLP, hand-made client data with partial minibatches, float32 tolerance."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,13 +73,11 @@ def from_reference(state, shared, personal):
 
 
 def assert_states_close(state, shared, personal):
-  assert set(state.shared) == set(shared)
-  assert all(set(state.personal) == set(q) for q in personal)
-  for p, v in state.shared.items():
-    np.testing.assert_allclose(v, shared[p], rtol=RTOL, atol=ATOL, err_msg=p)
-  for p, v in state.personal.items():
-    np.testing.assert_allclose(v, np.stack([q[p] for q in personal]), rtol=RTOL, atol=ATOL,
-                               err_msg=p)
+  """`state`'s params equal the reference's `shared` (a dict) and `personal` (a dict per
+  client, all with the same keys) to RTOL, ATOL."""
+  stacked = jax.tree.map(lambda *q: np.stack(q), *personal)
+  chex.assert_trees_all_close((state.shared, state.personal), (shared, stacked), rtol=RTOL,
+                              atol=ATOL)
 
 
 _JITTED = {}
@@ -121,16 +120,16 @@ def test_reference_gradients_match_finite_differences():
   x, y = rng.normal(size=(7, 6)), rng.integers(0, 3, 7)
   _, grads = ref.loss_and_grads(params, x, y)
   eps = 1e-6
+  numeric = {p: np.zeros_like(v) for p, v in params.items()}
   for p, v in params.items():
-    numeric = np.zeros_like(v)
     for j in np.ndindex(v.shape):
       plus = {**params, p: v.copy()}
       plus[p][j] += eps
       minus = {**params, p: v.copy()}
       minus[p][j] -= eps
-      numeric[j] = (ref.loss_and_grads(plus, x, y)[0] - ref.loss_and_grads(minus, x, y)[0]) / (
-          2 * eps)
-    np.testing.assert_allclose(grads[p], numeric, rtol=1e-5, atol=1e-8, err_msg=p)
+      numeric[p][j] = (ref.loss_and_grads(plus, x, y)[0]
+                       - ref.loss_and_grads(minus, x, y)[0]) / (2 * eps)
+  chex.assert_trees_all_close(grads, numeric, rtol=1e-5, atol=1e-8)
 
 
 def test_reference_forward_matches_the_model():
@@ -216,6 +215,5 @@ def test_fine_tuned_heads_match_reference():
   for i in range(data.num_clients):
     expected = ref.eval_params(shared, personal[i], data, i, HP, ft_epochs=2,
                                eval_key=state.eval_key, batch_size=STRUCTURE["batch_size"])
-    assert set(tuned) == set(expected)
-    for p, v in tuned.items():
-      np.testing.assert_allclose(v[i], expected[p], rtol=RTOL, atol=ATOL, err_msg=p)
+    chex.assert_trees_all_close(jax.tree.map(lambda v: v[i], tuned), expected, rtol=RTOL,
+                                atol=ATOL)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -118,22 +119,16 @@ def sharded(tmp_path_factory):
   runs.close()
 
 
-def assert_outcomes_close(actual, expected):
-  assert actual.keys() == expected.keys()
-  for name in expected:
-    np.testing.assert_allclose(actual[name], expected[name], rtol=1e-5, atol=1e-6,
-                               err_msg=name)
-
-
 @pytest.mark.parametrize("run", list(RUNS))
 def test_sharded_rounds_equal_the_unsharded_ones(sharded, run):
   name, cohort, _ = RUNS[run]
   expected = outcome(name, cohort, None)  # while the child computes
-  assert_outcomes_close(sharded.result(run), expected)
+  chex.assert_trees_all_close(sharded.result(run), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_one_device_mesh_equals_unsharded():
-  assert_outcomes_close(outcome("fedrep", 8, 1), outcome("fedrep", 8, None))
+  chex.assert_trees_all_close(outcome("fedrep", 8, 1), outcome("fedrep", 8, None), rtol=1e-5,
+                              atol=1e-6)
 
 
 def test_options_that_need_several_devices_fail_clearly(sharded):

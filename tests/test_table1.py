@@ -137,3 +137,18 @@ def test_flute_table1_quick_on_digits():
              for r in evaluated if r["algorithm"] == "flute")
   assert not any("global_nc2" in r for r in rows if r["algorithm"] == "fedrep")
   assert flute_table1.PAPER["cifar10", 100, 5]["flute-star"] == pytest.approx(0.78255)
+
+
+def test_summaries_say_how_many_evaluations_they_average():
+  """After 3 evaluations the summary averages 3 and says so; after 12, the last 10."""
+  from fedjax_rep.recipes import neural
+  rows = [{"algorithm": "fedrep", "seed": s, "round": t, "test_accuracy": 0.1 * t}
+          for s in (0, 1) for t in (1, 2, 3)]
+  entry, = neural.summary(rows, ["fedrep"])
+  assert entry["last_evaluations"] == 3 and entry["test_accuracy"] == pytest.approx(0.2)
+  assert neural.averaged_text(rows) == "mean of all 3 evaluations"
+  rows = [{"algorithm": "fedrep", "seed": 0, "round": t, "test_accuracy": float(t)}
+          for t in range(1, 13)]
+  entry, = neural.summary(rows, ["fedrep"])
+  assert entry["last_evaluations"] == 10 and entry["test_accuracy"] == pytest.approx(7.5)
+  assert neural.averaged_text(rows) == "mean of the last 10 evaluations"

@@ -157,7 +157,8 @@ def rows(name, seed_values, result, **columns):
 
 def summary(metrics_rows, algorithms_order, last=LAST_EVALUATIONS):
   """Per algorithm: the mean over seeds (and its std) of each seed's mean test accuracy
-  over its last `last` evaluations, as the papers report."""
+  over its last `last` evaluations (all of them where a run has fewer), as the papers
+  report; `last_evaluations` is how many were averaged."""
   table = []
   for name in algorithms_order:
     per_seed = {}
@@ -167,5 +168,15 @@ def summary(metrics_rows, algorithms_order, last=LAST_EVALUATIONS):
     finals = [np.mean([a for _, a in sorted(v)[-last:]]) for v in per_seed.values()]
     table.append({"algorithm": name, "test_accuracy": float(np.mean(finals)),
                   "test_accuracy_std_over_seeds": float(np.std(finals)),
-                  "seeds": len(finals), "last_evaluations": last})
+                  "seeds": len(finals),
+                  "last_evaluations": min([last, *map(len, per_seed.values())])})
   return table
+
+
+def averaged_text(rows, last=LAST_EVALUATIONS) -> str:
+  """What a summary of `rows` averages, for a figure's title: "mean of the last 10
+  evaluations", or of all of them where the runs have `last` or fewer."""
+  evaluations = len({r["round"] for r in rows if r.get("test_accuracy") is not None})
+  if evaluations > last:
+    return f"mean of the last {last} evaluations"
+  return f"mean of all {evaluations} evaluations"

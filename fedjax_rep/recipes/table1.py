@@ -180,8 +180,9 @@ def shard_run(config: ShardConfig, seeds, unit, progress, arrays, model) -> list
 
 def table(rows, config, dataset: str, settings: list[dict], paper: dict = PAPER) -> list[dict]:
   """table1.csv: per setting and algorithm, the measured test accuracy (the mean over
-  seeds of each seed's mean over its last 10 evaluations, and its std over seeds) beside
-  the paper's (`paper`, default FedRep Table 1; empty where the paper has none)."""
+  seeds of each seed's mean over its last 10 evaluations, or all where fewer, and its std
+  over seeds) beside the paper's (`paper`, default FedRep Table 1; empty where the paper
+  has none)."""
   out = []
   for setting in settings:
     selected = plotting.select(rows, **setting)
@@ -207,8 +208,9 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
     settings = [{**setting, "grid": label} for setting in settings for label in grids]
   summary = table(rows, config, dataset, settings, paper)
   names = list(config.algorithms)
-  fig, axes = plotting.grid_of(len(settings), min(len(settings), 3), width=4.0,
-                               height=0.3 * len(names) + 1.4)
+  columns = min(len(settings), 3)
+  fig, axes = plotting.grid_of(len(settings), columns, width=max(4.0, 7.5 / columns),
+                               height=0.3 * len(names) + 1.4)  # one title line at any width
   for ax, setting in zip(axes, settings):
     entries = {e["algorithm"]: e for e in summary if all(e[k] == v for k, v in setting.items())}
     ys = np.arange(len(names))[::-1]
