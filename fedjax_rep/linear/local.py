@@ -60,8 +60,7 @@ def new_client_error(key: jax.Array, B: jax.Array | None, B_star: jax.Array, noi
                     for m in sample_counts])
 
 
-@jax.jit(static_argnames=("sample_counts", "num_clients", "steps",
-                                             "train_body"))
+@jax.jit(static_argnames=("sample_counts", "num_clients", "steps", "train_body"))
 def fine_tune_error(key: jax.Array, B: jax.Array, w: jax.Array, B_star: jax.Array, noise_std,
                     lr, sample_counts: tuple[int, ...], num_clients: int = 100,
                     steps: int = 200, train_body: bool = True) -> jax.Array:

@@ -103,8 +103,8 @@ def seed_data(keys, *, num_clients, dim, rep_dim, noise_std, samples=0, test_sam
 # Run once per recipe, so compiled for compile time (a quarter of the default's) rather than
 # speed; its numbers differ from the default's by float32 rounding.
 @jax.jit(static_argnames=("num_clients", "dim", "rep_dim", "samples", "test_samples",
-                                  "mode", "normalize_heads"),
-                 compiler_options={"xla_backend_optimization_level": 0})
+                          "mode", "normalize_heads"),
+         compiler_options={"xla_backend_optimization_level": 0})
 def _seed_data(keys, noise_std, *, num_clients, dim, rep_dim, samples, test_samples, mode,
                normalize_heads):
   def one(key_problem, key_data):
