@@ -66,6 +66,9 @@ def test_native_kernel_is_opt_in_and_checked_before_any_work(recipe, tmp_path, m
   failing.chmod(0o755)
   monkeypatch.setenv("CXX", str(failing))
   monkeypatch.setenv("FEDJAX_REP_CACHE", str(tmp_path / "cache"))
+  # As in a fresh process: another test in this worker may have registered the kernel.
+  from fedjax_rep.native import build
+  monkeypatch.setattr(build, "_registered", set())
   with pytest.raises(fr.ConfigError, match="kernel=native: .*no compiler here"):
     fr.resolve(recipe, overrides=["kernel=native", "participation=1"])
   assert compiles.count == 0
