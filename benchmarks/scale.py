@@ -198,7 +198,7 @@ def integers(text: str) -> list[int]:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--clients", type=integers, default=[100_000, 1_000_000],
                       help="comma-separated numbers of clients, e.g. 1e5,1e6,1e7")
   parser.add_argument("--mode", help=f"comma-separated data modes among {', '.join(MODES)} "

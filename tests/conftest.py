@@ -13,13 +13,21 @@ if os.environ.get("FEDJAX_REP_TEST_OPTIMIZED") != "1":
   os.environ["XLA_FLAGS"] = " ".join(
       [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=1"]).strip()
 
+# One persistent compilation cache for the whole run, out of the user's: the pytest-xdist
+# workers and the processes tests start (recipes, notebooks, docs) load a program another
+# test compiled instead of compiling it again (the same executable, so the same numbers).
+# The CLI finds it through $FEDJAX_REP_CACHE, everything else through JAX's variables. The
+# controller (or the only process, with -n 0) makes it; the workers inherit its environment.
+if "PYTEST_XDIST_WORKER" not in os.environ:
+  _cache = tempfile.mkdtemp(prefix="fedjax-rep-test-cache-")
+  os.environ.update(FEDJAX_REP_CACHE=_cache, JAX_COMPILATION_CACHE_DIR=_cache,
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
 import jax
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
-
-# The CLI switches JAX's persistent compilation cache on: keep it out of the user's cache.
-os.environ["FEDJAX_REP_CACHE"] = tempfile.mkdtemp(prefix="fedjax-rep-test-cache-")
-atexit.register(shutil.rmtree, os.environ["FEDJAX_REP_CACHE"], ignore_errors=True)
 
 def emulated_devices_env(count: int) -> dict:
   """os.environ for a child process with `count` emulated CPU devices (XLA_FLAGS keeps the
@@ -76,9 +84,10 @@ def _fresh_jax_caches():
 
 
 @pytest.fixture(autouse=True)
-def _no_persistent_cache_after_test():
-  """Switches the persistent compilation cache off again after a test that ran the CLI."""
+def _suite_cache_after_test():
+  """Points JAX back at the suite's compilation cache after a test that ran the CLI with
+  another cache or none."""
   yield
-  if jax.config.jax_compilation_cache_dir is not None:
-    jax.config.update("jax_compilation_cache_dir", None)
+  if jax.config.jax_compilation_cache_dir != os.environ["JAX_COMPILATION_CACHE_DIR"]:
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
     compilation_cache.reset_cache()

@@ -43,9 +43,15 @@ def test_the_docs_have_python_blocks():
 @pytest.mark.slow
 @pytest.mark.parametrize("where,code", python_blocks(), ids=[b[0] for b in python_blocks()])
 def test_python_block_runs_as_written(where, code, tmp_path):
-  # A multi-host example reads these; one process is a complete job.
-  env = {**os.environ, "NUM_PROCESSES": "1", "PROCESS_ID": "0",
+  """A multi-host example (it reads NUM_PROCESSES) runs as two processes on this machine."""
+  processes = 2 if "NUM_PROCESSES" in code else 1
+  env = {**os.environ, "NUM_PROCESSES": str(processes),
          "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}", "JAX_PLATFORMS": "cpu"}
-  done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=600)
-  assert done.returncode == 0, f"{where} failed:\n{done.stderr[-3000:]}"
+  logs = [tmp_path / f"stderr-{i}.txt" for i in range(processes)]
+  runs = [subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path,
+                           env={**env, "PROCESS_ID": str(i)}, stdout=subprocess.DEVNULL,
+                           stderr=log.open("w")) for i, log in enumerate(logs)]
+  for i, (run, log) in enumerate(zip(runs, logs)):
+    run.wait(timeout=600)
+    assert run.returncode == 0, (f"{where} (process {i} of {processes}) failed:\n"
+                                 f"{log.read_text()[-3000:]}")

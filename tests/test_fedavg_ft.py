@@ -103,6 +103,7 @@ def test_tau_one_is_a_step_of_distributed_gd_on_the_averaged_loss(mode):
   np.testing.assert_allclose(result.state.w, state.w - 0.05 * grad_w, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_seed_sweep_runs_as_one_vmapped_program(compiles):
   datas = [population(seed)[1] for seed in range(4)]
   stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *datas)

@@ -138,6 +138,7 @@ def test_d_sgd_round_is_one_sgd_step_on_the_mean_gradient():
   np.testing.assert_allclose(metrics["train_loss"], sum(losses) / sum(COUNTS), rtol=RTOL)
 
 
+@pytest.mark.slow
 def test_registered_d_sgd_is_fedavg_steps_with_one_step():
   """Once registered: 'd-sgd' is 'fedavg-steps' with tau = 1, whatever tau it is given."""
   if "d-sgd" not in fr.ALGORITHMS.get("neural", {}):

@@ -215,6 +215,7 @@ def test_evaluation_matches_reference(name):
                                err_msg=metric)
 
 
+@pytest.mark.slow
 def test_fedbabu_new_clients_fine_tune_the_global_model():
   """New clients fine-tune the global model, frozen head included, as evaluation does
   (client i with key fold_in(key, i))."""
@@ -232,6 +233,7 @@ def test_fedbabu_new_clients_fine_tune_the_global_model():
                                err_msg=metric)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_rounds_and_evaluation_compile_once_across_keys_data_and_hparams(name, compiles):
   algorithm = make_alg(name)

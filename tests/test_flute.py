@@ -34,6 +34,7 @@ def real_rows(data):
   return [X[i, :c] for i, c in enumerate(counts)], [y[i, :c] for i, c in enumerate(counts)]
 
 
+@pytest.mark.slow
 def test_spectrum_rank_k_floor_and_top_subspace():
   models, _ = problem()
   np.testing.assert_allclose(np.linalg.svd(np.asarray(models), compute_uv=False),
@@ -116,6 +117,7 @@ def test_regularizer_with_gamma1_twice_gamma2_is_the_balance_term():
     np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fedrep", "fedrep-ri", "flute"])
 def test_padded_datasets_give_the_unpadded_run(name):
   """N real samples padded to more rows (counts) run exactly as the unpadded data."""
@@ -149,6 +151,7 @@ def test_ragged_fedrep_and_moments_match_reference():
   np.testing.assert_allclose(result.state.B, B, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_divergence_is_flagged_and_the_rest_of_the_sweep_goes_on():
   _, data = problem(seed=2, kind="linear")
   algorithm = fr.Flute(rep_dim=K, loss="mean")

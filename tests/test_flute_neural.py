@@ -162,6 +162,7 @@ def test_nc_step_moves_only_the_trained_heads_and_decreases_their_nc():
     np.testing.assert_allclose(stepped[i], expected, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_a_round_changes_only_the_heads_of_clients_that_trained():
   data = make_data()
   algorithm = make()
@@ -210,6 +211,7 @@ def client_update(algorithm, data, i=3, key=jax.random.key(5)):
                                             data.counts[i], key, HP)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["flute_nc", "flute_head_norm", "flute_feature_norm"])
 def test_each_regulariser_changes_the_local_training(field):
   data = make_data()

@@ -213,10 +213,9 @@ def test_line_draws_one_line_per_combination_and_save_moves_legends_below():
   plain_fig, (plain,) = plotting.figure(1)
   plotting.line(plain, [{k: v for k, v in r.items() if k != "grid"} for r in rows],
                 "round", "y", "A")
-  plain.legend()
   plotting.save(plain_fig, io.BytesIO())
-  assert plain.get_legend_handles_labels()[1] == ["A"]  # without a grid: one line,
-  assert plain.get_legend() is not None and not plain_fig.legends  # its legend in place
+  assert plain.get_legend_handles_labels()[1] == ["A"]  # without a grid: one line, and
+  assert plain.get_legend() is None and len(plain_fig.legends) == 1  # the same legend below
 
 
 def test_cli_grid_rows_equal_single_runs(tmp_path):

@@ -313,6 +313,7 @@ FAULTS = {"nan": "is not finite", "inf": "is not finite", "huge": "too large for
           "empty client": "counts", "rep_dim > d": "rep_dim", "cohort > n": "cohort"}
 
 
+@pytest.mark.slow
 @hypothesis.settings(max_examples=30, deadline=None)
 @hypothesis.given(algorithm=st.sampled_from(("fedrep", "fedavg", "flute")),
                   rep_dim=st.sampled_from((1, PD)),

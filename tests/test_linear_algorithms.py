@@ -155,6 +155,7 @@ def test_step_size_sweep_is_a_vmap_over_hparams():
     np.testing.assert_allclose(swept.state.B[s], single.state.B, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_round_runs_without_jit():
   data = fixed_data()
   algorithm = fr.FedRep(rep_dim=K, cohort=N)
@@ -171,6 +172,7 @@ def test_method_of_moments_matches_reference():
   assert float(fr.principal_angle(B0, jnp.asarray(expected, jnp.float32))) < 1e-3
 
 
+@pytest.mark.slow
 def test_fedrep_converges_and_more_clients_help():
   """The paper's point (Fig. 3), on a small fixed-data instance."""
   algorithm_for = lambda n: fr.FedRep(rep_dim=2, cohort=fr.cohort_size(n, 0.1))
@@ -193,6 +195,7 @@ def test_local_models_match_lstsq():
     np.testing.assert_allclose(thetas, expected, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_new_client_error_with_the_true_representation_is_the_noise():
   B_star = fr.make_problem(jax.random.key(0), 1, 20, 2, 0.1).B_star
   error = fr.new_client_error(jax.random.key(1), B_star, B_star, 0.1, sample_counts=(50,),

@@ -36,6 +36,7 @@ def final(algorithm, data, hparams=HP):
   return result.state, result.metrics["train_loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fixed", "fresh", "fresh-statistics"])
 @pytest.mark.parametrize("cohort,head_steps", [(N, (0, 1)), (11, (0, 2))],
                          ids=["all-steps-0-1", "cohort-11-steps-0-2"])
@@ -54,6 +55,7 @@ def test_blocks_of_c_2c_and_one_block_agree(mode, cohort, head_steps):
       np.testing.assert_allclose(losses, runs[0][1], rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fixed", "fresh"])
 @pytest.mark.parametrize("head_steps", [None, 3])
 def test_blocked_round_matches_numpy_reference(mode, head_steps):
@@ -73,6 +75,7 @@ def test_blocked_round_matches_numpy_reference(mode, head_steps):
   np.testing.assert_allclose(metrics["train_loss"], loss, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_masked_round_in_blocks_matches_unblocked():
   data = datasets()["fixed"]
   clients = jnp.array([3, 17, 0, 9, 22, 5, 11])
@@ -89,6 +92,7 @@ def test_masked_round_in_blocks_matches_unblocked():
   np.testing.assert_array_equal(outputs[0][0].heads[unmasked], 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps,fixed_steps", [(0, None), (2, 2)])
 def test_traced_head_steps_in_blocks(steps, fixed_steps):
   data = datasets()["fixed"]
@@ -101,6 +105,7 @@ def test_traced_head_steps_in_blocks(steps, fixed_steps):
   np.testing.assert_allclose(a.heads, b.heads, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_rounds_in_blocks_compile_once(compiles):
   algorithm = fr.FedRep(rep_dim=K, cohort=N, block=6)  # a program no other test compiles
   data = datasets()["fresh-statistics"]
@@ -121,6 +126,7 @@ def test_streamed_moments_match_the_reference():
     np.testing.assert_allclose(np.abs(B0.T @ expected), np.eye(K), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_streamed_moments_of_fresh_data_use_the_batch_samples():
   data = datasets()["fresh"]
   key = jax.random.key(3)
@@ -151,6 +157,7 @@ def one_round_outputs(sampler, head_steps, keys):
   return jax.jit(jax.vmap(one))(keys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head_steps", [None, 1])
 def test_statistics_sampler_matches_direct_in_distribution(head_steps):
   """Means and standard deviations of every output of one round over 4000 keys agree
@@ -186,6 +193,7 @@ def test_psd_cholesky_of_zero_and_rank_one():
     np.testing.assert_allclose(L @ L.T, S, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_unrolled_normals_equal_jax_random_normal():
   key = jax.random.key(11)
   for shape in ((1,), (7,), (6, 10), (3, 5, 7)):

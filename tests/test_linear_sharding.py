@@ -82,6 +82,7 @@ def compare_eight_with_one(tmp_path, cases_name):
     np.testing.assert_allclose(eight[name], one[name], rtol=2e-4, atol=2e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_eight_devices_match_one_device(tmp_path):
   """Fixed data with full participation, statistics-sampled fresh data with a grouped
   partial cohort and GD-GD heads."""
@@ -110,6 +111,7 @@ print(len(chunks))
 """
 
 
+@pytest.mark.slow
 def test_sharded_run_compiles_its_chunk_once():
   """Three chunks on 8 devices: the chunk program compiles once (the carried `diverged`
   flag starts replicated over the mesh, as the chunks return it)."""

@@ -64,7 +64,7 @@ def test_tfds_missing_is_fast_and_names_the_command(tmp_path):
   assert message.startswith(f"CIFAR-10 is not in {empty}")
   assert f"tfds build cifar10 --file_format=array_record --data_dir={empty}" in message
   assert tfds_data.status("emnist", empty) == (False, empty)
-  assert "tfds build emnist/byclass " in tfds_data.how_to("emnist")
+  assert "tfds build emnist/balanced " in tfds_data.how_to("emnist")
   with pytest.raises(ValueError, match="emnist/CONFIG"):
     tfds_data.status("cifar10/x")
 

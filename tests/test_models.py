@@ -238,6 +238,7 @@ def lstm():
   return model, params, outputs
 
 
+@pytest.mark.slow
 def test_lstm_shapes_and_layers(lstm):
   model, params, outputs = lstm
   h, logits = jax.tree.map(np.asarray, outputs(params, _tokens(0, LENGTHS)))
@@ -256,6 +257,7 @@ def test_lstm_shapes_and_layers(lstm):
   assert model.input_dtype == jnp.int32
 
 
+@pytest.mark.slow
 def test_lstm_ignores_padding(lstm):
   _, params, outputs = lstm
   x = _tokens(0, LENGTHS)
@@ -310,6 +312,7 @@ def test_lstm_padding_rows_and_gradients_finite(lstm):
   assert not np.any(grads["body"]["lstm1"]["kernel_i"])  # padding only: no path to the body
 
 
+@pytest.mark.slow
 def test_lstm_glove_init_and_options():
   table = _normal(0, (VOCAB, 7))
   model = make_model("sent140-lstm", vocab_size=VOCAB, embeddings=table)

@@ -25,6 +25,8 @@ import reference
 
 HP = fr.LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.1))
 
+pytestmark = pytest.mark.slow  # the opt-in C++ kernel: the slow tier builds and checks it
+
 
 def numpy_round(X, y, counts, B):
   """(heads [n, k], gradient [k, d], loss) of `fedrep_round.fixed_round`, by a float64 loop."""
@@ -304,7 +306,6 @@ DEFAULT_RUN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
 def test_the_default_kernel_never_invokes_the_compiler(tmp_path):
   """A default FedRep run big enough for the old "auto" to build the kernel: the same bits
   with a $CXX that fails (and is never called) and without $CXX, and the kernels' package is

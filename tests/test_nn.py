@@ -48,6 +48,7 @@ def test_vmapped_local_training_equals_each_client_alone(group):
                                 atol=1e-6)
 
 
+@pytest.mark.slow
 def test_padding_does_not_change_a_clients_training():
   data = small_data()
   algorithm = make("fedrep")
@@ -64,6 +65,7 @@ def test_padding_does_not_change_a_clients_training():
   chex.assert_trees_all_close(plain, padded, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_unsampled_and_masked_clients_keep_their_personal_params():
   data = small_data(8)
   algorithm = make("fedrep", cohort=3)
@@ -117,6 +119,7 @@ def test_label_trees(name, shared, personal):
     assert leaf.shape[0] == 6
 
 
+@pytest.mark.slow
 def test_server_averages_only_the_shared_params_weighted_by_counts():
   data = small_data()
   algorithm = make("fedavg", cohort=6)
@@ -134,6 +137,7 @@ def test_server_averages_only_the_shared_params_weighted_by_counts():
   np.testing.assert_allclose(metrics["train_loss"], expected_loss, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_evaluate_is_per_client_accuracy_with_own_params():
   data = small_data()
   algorithm = make("fedrep")
@@ -149,6 +153,7 @@ def test_evaluate_is_per_client_accuracy_with_own_params():
   np.testing.assert_allclose(metrics["test_accuracy_std"], np.std(accuracies), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_run_evaluates_every_eval_every_rounds_and_after_the_last():
   data = small_data()
   result = fr.run(make("fedavg"), data, HP, jax.random.key(0), 7, eval_every=3, progress=False)
@@ -177,6 +182,7 @@ def test_a_neural_run_compiles_once_across_rounds_chunks_and_seeds(compiles):
   assert compiles.count == 0
 
 
+@pytest.mark.slow
 def test_seeds_as_one_vmapped_sweep_equal_solo_runs():
   stacked = fr.stack_datasets([small_data(seed=s) for s in (0, 1)])
   datasets = [jax.tree.map(lambda a: a[s], stacked) for s in (0, 1)]  # padded to one shape
@@ -192,6 +198,7 @@ def test_seeds_as_one_vmapped_sweep_equal_solo_runs():
                                solo.eval_metrics["test_accuracy"], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_fedavg_ft_fine_tunes_only_for_evaluation():
   data = small_data()
   fedavg, fedavg_ft = make("fedavg"), make("fedavg-ft", ft_epochs=3)
@@ -201,6 +208,7 @@ def test_fedavg_ft_fine_tunes_only_for_evaluation():
   assert b.eval_metrics["test_accuracy"][-1] > a.eval_metrics["test_accuracy"][-1]
 
 
+@pytest.mark.slow
 def test_local_only_never_communicates():
   data = small_data()
   algorithm = make("local", cohort=6)
@@ -216,6 +224,7 @@ def test_local_only_never_communicates():
                               atol=1e-6)
 
 
+@pytest.mark.slow
 def test_new_clients_fit_a_head_on_the_learned_body():
   data = small_data(12)
   train_data = jax.tree.map(lambda a: a[:8], data)

@@ -119,6 +119,7 @@ def sharded(tmp_path_factory):
   runs.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", list(RUNS))
 def test_sharded_rounds_equal_the_unsharded_ones(sharded, run):
   name, cohort, _ = RUNS[run]
@@ -126,11 +127,13 @@ def test_sharded_rounds_equal_the_unsharded_ones(sharded, run):
   chex.assert_trees_all_close(sharded.result(run), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_one_device_mesh_equals_unsharded():
   chex.assert_trees_all_close(outcome("fedrep", 8, 1), outcome("fedrep", 8, None), rtol=1e-5,
                               atol=1e-6)
 
 
+@pytest.mark.slow
 def test_options_that_need_several_devices_fail_clearly(sharded):
   messages = sharded.result("errors")
   assert "num_clients=12 must be a multiple of the number of devices (8)" in messages[

@@ -60,6 +60,7 @@ def test_padding_groups_follow_shuffle_rounds():
   assert common.padding_groups((10, 100), mode="fresh") == [(10,), (100,)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fedrep", "gd-gd", "3gd-gd"])
 def test_padded_traced_runs_equal_unpadded_runs(name):
   """FedRep, GD-GD and tau GD-GD at n in {8, 30} as one padded program (head steps traced)
@@ -87,6 +88,7 @@ def test_padded_traced_runs_equal_unpadded_runs(name):
                                  alone.metrics[metric], rtol=2e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_fedrep_fig3_is_one_program_and_recompiles_nothing(compiles):
   overrides = ["num_clients=5,20", "rounds=6", "samples_per_client=3", "dim=4"]
   rows, _ = registry.run("fedrep-fig3", seeds=2, overrides=overrides, progress=False)
@@ -99,6 +101,7 @@ def test_fedrep_fig3_is_one_program_and_recompiles_nothing(compiles):
   assert len(again) == len(rows) == 3 * 2 * 2 * 6
 
 
+@pytest.mark.slow
 def test_fedrep_fig3_grid_curve_equals_its_single_run():
   overrides = ["num_clients=5,20", "rounds=6", "samples_per_client=3", "dim=4"]
   rows, _ = registry.run("fedrep-fig3", seeds=2, overrides=overrides,
@@ -114,6 +117,7 @@ def test_fedrep_fig3_grid_curve_equals_its_single_run():
                                [b["principal_angle"], b["train_loss"]], rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_cli_compile_cache_is_on_by_default_and_changes_no_number(tmp_path):
   """Two CLI runs sharing a cache directory write byte-identical metrics.csv, and the
   first fills the cache; --no-compile-cache leaves a fresh cache directory empty, and JAX's

@@ -102,7 +102,7 @@ def test_srpfl_linear_quick():
 
 def test_srpfl_speedup_quick():
   """SRPFL reaches the target first at every N (whether the ratio shrinks with N is a
-  measurement of the full recipe: see the README)."""
+  measurement of the full recipe: see docs/papers/srpfl.md)."""
   rows, config = fr.run_recipe("srpfl-speedup", quick=True, seeds=3, progress=False,
                                overrides=["num_clients=100,1000"])
   from fedjax_rep.recipes.srpfl.speedup import speedup_table

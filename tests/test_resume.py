@@ -68,6 +68,7 @@ def test_a_run_stopped_and_resumed_from_its_checkpoint_equals_an_uninterrupted_o
   assert os.listdir(tmp_path / "run0") == ["40"]  # the latest kept, none at the last round
 
 
+@pytest.mark.slow
 def test_evaluations_survive_a_resume(tmp_path, monkeypatch):
   """A neural run that evaluates every 2 rounds, stopped after round 2 and resumed: the
   evaluations before the stop come back from the checkpoint."""

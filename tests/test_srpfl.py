@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import scipy.linalg
 
 import fedjax_rep as fr
@@ -122,6 +123,7 @@ def test_a_whole_srpfl_run_compiles_once(compiles):
   assert len(set(result.metrics["participants"].tolist())) == 3  # 3, 6, 12 within one program
 
 
+@pytest.mark.slow
 def test_schedules_and_costs_sweep_as_one_vmap():
   data = fixed_data()
   alg = timed.Timed(inner(), speeds.fixed_speeds(M), cohort=M)
@@ -136,6 +138,7 @@ def test_schedules_and_costs_sweep_as_one_vmap():
                                  atol=1e-6)
 
 
+@pytest.mark.slow
 def test_fedavg_runs_on_the_clock_too():
   """Any algorithm with `masked_round` can be timed; an all-true mask is the plain round."""
   data = fixed_data()

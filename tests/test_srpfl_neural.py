@@ -35,6 +35,7 @@ def tree_equal(a, b) -> bool:
   return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(x, y)), a, b)))
 
 
+@pytest.mark.slow
 def test_a_neural_srpfl_run_compiles_once_across_stages_schedules_and_costs(compiles):
   """Chunks of 3 rounds span the stages 1, 2, 4, 6: after the first run, another seed's
   data and key, another C and FedRep's schedule run with no new compilation."""
@@ -58,6 +59,7 @@ def test_a_neural_srpfl_run_compiles_once_across_stages_schedules_and_costs(comp
                 & (first.eval_metrics["test_accuracy"] <= 1))
 
 
+@pytest.mark.slow
 def test_masked_clients_keep_their_heads_and_the_clock_waits_for_the_slowest_kept():
   """The fastest 3 (clients 5, 1, 3: 0.5, 1, 2 per update) train; a round lasts
   2 (the slowest kept) x 2 local updates + C = 0.5."""
@@ -76,6 +78,7 @@ def test_masked_clients_keep_their_heads_and_the_clock_waits_for_the_slowest_kep
   assert float(step(after, jax.random.key(2), data, hp)[1]["wall_clock"]) == 9.0
 
 
+@pytest.mark.slow
 def test_lg_srpfl_keeps_each_body_local():
   """LG-FedAvg on the clock with the fastest 2 every round: its first layer (the body) is
   personal, never averaged: the clients never kept still hold the initial body, the two

@@ -31,7 +31,7 @@ def weighted_einsum(subscripts: str, weights: jax.Array, *operands):
 
   E.g. 'cmd,cm,ck->dk' sums per-client gradients X_c^T r_c w_c^T [d, k] as one
   [d, c*m] x [c*m, k] product, which XLA:CPU runs much faster than stacking the per-client
-  products first (see benchmarks/README.md).
+  products first (see docs/benchmarks.md).
   """
   inputs, output = subscripts.split("->")
   return jnp.einsum(f"{inputs},c->{output}", *operands, weights), jnp.sum(weights)

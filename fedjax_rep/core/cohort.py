@@ -51,7 +51,7 @@ def stable_argsort(bits: jax.Array) -> jax.Array:
 
   Up to PACKED_SORT_MAX items, one single-operand sort of the keys with their low bits
   replaced by the index (on XLA:CPU much faster than a key-value sort: see
-  benchmarks/README.md), then odd-even transposition passes that order items whose high
+  docs/benchmarks.md), then odd-even transposition passes that order items whose high
   bits tie by their full keys, until no neighbours are out of order (usually none or one
   pass): exact for any keys.
   """

@@ -198,7 +198,11 @@ def _placed_like(value, state):
   it, so that the second chunk does not compile again); as is for a state on one device."""
   for leaf in jax.tree.leaves(state):
     if isinstance(leaf.sharding, NamedSharding):
-      return jax.device_put(value, NamedSharding(leaf.sharding.mesh, PartitionSpec()))
+      # Not device_put: across processes it checks that every host passed equal values,
+      # and the NaN of an unset reference is unequal to itself.
+      return jax.make_array_from_callback(
+          value.shape, NamedSharding(leaf.sharding.mesh, PartitionSpec()),
+          lambda index: value[index])
   return value
 
 

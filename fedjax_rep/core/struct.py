@@ -1,6 +1,6 @@
 """Frozen dataclasses that are JAX pytrees: flax.struct's `dataclass` and static fields,
 built on jax.tree_util.register_dataclass, so that the linear half and the command line do
-not import flax, a sizeable part of a short run's start-up (see benchmarks/README.md)."""
+not import flax, a sizeable part of a short run's start-up (see docs/benchmarks.md)."""
 
 import dataclasses
 

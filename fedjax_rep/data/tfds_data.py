@@ -4,7 +4,8 @@
 prepares a dataset once under DATA_DIR/NAME[/CONFIG]/VERSION; `load` then reads it through
 `tfds.data_source`, which needs neither. DATA_DIR is the `data_dir` argument, else env
 TFDS_DATA_DIR, else ~/tensorflow_datasets (tfds's own default). Names: `cifar10`,
-`cifar100`, `emnist` (= `emnist/byclass`) or `emnist/CONFIG` for any of tfds's EMNIST configs.
+`cifar100`, `emnist` (= `emnist/balanced`, the config srpfl-neural reads) or `emnist/CONFIG`
+for any of tfds's EMNIST configs.
 """
 
 import glob
@@ -17,7 +18,7 @@ import numpy as np
 from fedjax_rep.data.missing import DataMissing
 
 DATASETS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "emnist": "EMNIST"}
-EMNIST_DEFAULT = "byclass"
+EMNIST_DEFAULT = "balanced"
 _BATCH = 4096  # records per `__getitems__` call
 
 
@@ -30,7 +31,7 @@ def _parse(name: str) -> tuple[str, str]:
 
 
 def _spec(name: str) -> str:
-  """tfds's name of the dataset: 'cifar10', 'emnist/byclass', ..."""
+  """tfds's name of the dataset: 'cifar10', 'emnist/balanced', ..."""
   return "/".join(filter(None, _parse(name)))
 
 
@@ -133,7 +134,7 @@ def load(name: str, data_dir: str | None = None, mock_examples: int | None = Non
          classes: int | None = None):
   """(x_train [N, H, W, C], y_train [N], x_test [T, H, W, C], y_test [T]) of dataset `name`:
   pixels float32 in [0, 1], labels int32 (tfds's: CIFAR-10 0..9, CIFAR-100 0..99 fine
-  labels, EMNIST byclass 0..61). EMNIST images are transposed to stand upright (tfds keeps
+  labels, EMNIST balanced 0..46, digits first). EMNIST images are transposed to stand upright (tfds keeps
   NIST's transposed storage). With mock_examples=k, k random examples per split from
   `tfds.testing.mock_data` instead of the files; with classes=c, only the samples labelled
   0..c-1. Raises DataMissing, naming the command that prepares the data, when the files are

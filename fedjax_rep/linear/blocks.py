@@ -18,7 +18,7 @@ import jax.numpy as jnp
 FALLBACK_CACHE_BYTES = 1 << 20  # when the cache size cannot be read
 CACHE_MULTIPLE = 2  # a block's generated data: this many per-core caches
 # A block of data read from memory (fixed datasets): this many per-core caches, the fastest
-# multiple for the fixed FedRep round of those measured (see benchmarks/README.md).
+# multiple for the fixed FedRep round of those measured (see docs/benchmarks.md).
 READ_CACHE_MULTIPLE = 4
 DEVICE_BLOCK_BYTES = 1 << 30  # a block's data on an accelerator (the default backend not cpu)
 CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"

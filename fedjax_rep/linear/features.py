@@ -2,7 +2,7 @@
 
 The c clients' samples A [c, m, p] of a block are multiplied by M [p, k] as one
 [k, p] x [p, c m] product on A's rows [c m, p]. Its output [k, c m] is k-major, which
-XLA:CPU's YNNPACK dots run much faster than [c m, k] (see benchmarks/README.md), and a
+XLA:CPU's YNNPACK dots run much faster than [c m, k] (see docs/benchmarks.md), and a
 program that multiplies the same rows again (a FedRep round's gradient, the labels of a
 fresh draw) has XLA read or generate them once. For samples read from memory (fixed
 datasets) the row-major product with M's columns padded to a full vector register is
@@ -21,7 +21,7 @@ def k_major(A: jax.Array, M: jax.Array, row_major: bool = False) -> jax.Array:
   row_major=False: one [k, p] x [p, c m] product. row_major=True: the product
   [c m, p] x [p, k'] with M's columns zero-padded to k' (a multiple of LANES), then
   transposed; on CPU the FedRep round on fixed data (A read from memory) runs faster so
-  (see benchmarks/README.md), while products that generate A (fresh samples) keep the
+  (see docs/benchmarks.md), while products that generate A (fresh samples) keep the
   k-major product that their label draw shares. Both give the same numbers up to
   float32 round-off.
   """

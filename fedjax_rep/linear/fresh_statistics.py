@@ -80,7 +80,7 @@ def sample(key: jax.Array, coords_star: jax.Array, heads: jax.Array, noise_std,
   Client j's m (p + 1) normals (A row-major, then the noise) are the first of one flat
   draw (`normals.normal_pairs`: two normals per hash) of m (p + 1) rounded up to a multiple
   of VECTOR, seeded by fold_in(key, ids[j]): whole CPU vectors make the generator faster
-  per normal than a ragged length (see benchmarks/README.md). The labels are one product
+  per normal than a ragged length (see docs/benchmarks.md). The labels are one product
   over all clients' rows (`features`).
   """
   p = coords_star.shape[0]

@@ -6,7 +6,7 @@ safe to `vmap`; called on the whole cohort directly, `least_squares` moves Z to 
 [k, m, batch] layout that makes its reductions contiguous (under `vmap` the client axis
 stays leading). For k <= UNROLL_MAX the k x k solve is an unrolled Cholesky written in
 elementwise ops, which XLA vectorises across the batch: on CPU it is much faster than a
-batched LAPACK solve of tiny matrices (see benchmarks/README.md).
+batched LAPACK solve of tiny matrices (see docs/benchmarks.md).
 """
 
 import jax
@@ -130,7 +130,7 @@ def least_squares(Z: jax.Array, y: jax.Array, ridge: float = RIDGE) -> jax.Array
   (or min-norm) solution up to a relative 1e-6; a singular Z gets the ridge solution, and an
   all-zero Z gives w = 0.
   The Gram matrices are finished before the solve starts (an optimization barrier): fused
-  into the unrolled solve, XLA would recompute their reductions (see benchmarks/README.md).
+  into the unrolled solve, XLA would recompute their reductions (see docs/benchmarks.md).
   For k <= UNROLL_MAX and m >= k the solve works on the Gram entries directly (no
   [..., k, k] arrays are formed).
 

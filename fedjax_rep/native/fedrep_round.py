@@ -5,10 +5,10 @@ drawn by the statistics sampler (`fresh_round`), the same with each client's sam
 generated in cache and never stored.
 
 XLA:CPU runs the same rounds as a scan over cache-sized blocks of several fusions and dots
-(`FedRep._clients`); benchmarks/linear_round.py times the two (benchmarks/README.md has the
+(`FedRep._clients`); benchmarks/linear_round.py times the two (docs/benchmarks.md has the
 numbers). The kernels compute the same numbers up to float32 round-off (other summation
 orders; the fresh round's normals are XLA's sqrt(2) erf_inv up to round-off, bounded in
-benchmarks/README.md) and are deterministic: their sums are added in a fixed order whatever
+docs/benchmarks.md) and are deterministic: their sums are added in a fixed order whatever
 the number of threads.
 """
 

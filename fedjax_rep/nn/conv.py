@@ -2,7 +2,7 @@
 
 On XLA:CPU a `jax.vmap` over per-client conv kernels lowers to a grouped convolution,
 which runs far slower than the equivalent matmul, and `lax.conv` inside `lax.scan` runs
-slower than outside it (see benchmarks/README.md). Writing the convolution as patches +
+slower than outside it (see docs/benchmarks.md). Writing the convolution as patches +
 matmul (im2col: for a kh x kw kernel, stack the kh*kw shifted slices
 x[:, i:i+H', j:j+W', :] along the channel axis in (i, j, c) order, then one matmul with the
 kernel reshaped [kh*kw*cin, cout]) avoids both: vmapped over clients it becomes a batched

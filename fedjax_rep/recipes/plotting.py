@@ -9,6 +9,7 @@ while a run computes.
 import functools
 import importlib
 import math
+import re
 import sys
 import textwrap
 import threading
@@ -61,7 +62,6 @@ def curves(rows, x: str, y: str, along: str | None = None, **where):
 
 
 LINESTYLES = ("-", "--", ":", "-.")
-GRID_LINE = "grid"  # the gid of a line of one grid combination
 DIVERGED_RUN = "diverged-run"  # the gid of a diverged run's curve (outside the autoscaling)
 DIVERGED_MARK = "diverged-mark"  # the gid of the x at a diverged run's last finite point
 
@@ -75,7 +75,7 @@ def line(ax, rows, x, y, label, along=None, **where):
   Rows of a grid (a `grid` column: the label 'KEY=VALUE, ...' of their combination) get one
   line and band per combination, labelled "LABEL (KEY=VALUE, ...)" without the keys that
   `where` fixes, each in the next colour and in the line style of its combination's place
-  among the rows' combinations; `save` then gathers the panels' legends into one below
+  among the rows' combinations. `save` explains every panel's lines in one legend below
   them."""
   rows = select(rows, **where)
   grids = list(dict.fromkeys(r["grid"] for r in rows if "grid" in r))
@@ -84,10 +84,10 @@ def line(ax, rows, x, y, label, along=None, **where):
   for i, grid in enumerate(grids):
     shown = ", ".join(part for part in grid.split(", ") if part.split("=")[0] not in where)
     _line(ax, select(rows, grid=grid), x, y, f"{label} ({shown})" if shown else label, along,
-          LINESTYLES[i % len(LINESTYLES)], GRID_LINE)
+          LINESTYLES[i % len(LINESTYLES)])
 
 
-def _line(ax, rows, x, y, label, along, linestyle, gid=None):
+def _line(ax, rows, x, y, label, along, linestyle):
   """One mean line with its min-max band over the rows of runs that did not diverge
   (`diverged_round` 0), and the diverged runs' curves and marks, over all of `rows`."""
   diverged = {}  # seed: the rows of its diverged run
@@ -98,7 +98,7 @@ def _line(ax, rows, x, y, label, along, linestyle, gid=None):
     label = f"{label} (diverged at x: {len(diverged)}/{len({r['seed'] for r in rows})} seeds)"
   xs, mean, low, high = curves([r for r in rows if not r.get("diverged_round")], x, y, along)
   (handle,) = ax.plot(xs, mean, label=label, marker="o" if 0 < len(xs) < 20 else None, ms=3,
-                      ls=linestyle, gid=gid)
+                      ls=linestyle)
   if len(xs):
     ax.fill_between(xs, low, high, color=handle.get_color(), alpha=0.2, linewidth=0)
   if along != "round" and x != "round":
@@ -138,47 +138,106 @@ def _fit_diverged(ax) -> None:
     mark.set_ydata(np.clip(mark.get_ydata(), low, high))
 
 
-def _legend_below(fig, bottom: float) -> float:
-  """The fraction of the figure's height to leave free below the panels: `bottom`, and
-  with lines of grid combinations (see `line`), whose long legends hide the curves, room
-  for one legend that replaces the panels' legends (their entries, each label once, in
-  columns that fit the figure's width) above `bottom`, the figure growing by its height."""
-  axes = [ax for ax in fig.axes if ax.get_legend() is not None]
-  if not any(line.get_gid() == GRID_LINE for ax in axes for line in ax.get_lines()):
-    return bottom
-  entries = {}
-  for ax in axes:
-    for handle, label in zip(*ax.get_legend_handles_labels()):
-      entries.setdefault(label, handle)
-    ax.get_legend().remove()
-  fontsize = 8
-  label_width = (max(map(len, entries)) * 0.55 * fontsize + 40) / 72  # inches, with handle
-  rows = -(-len(entries) // max(1, int(fig.get_figwidth() / label_width)))
-  below, height = bottom * fig.get_figheight(), (rows * 1.5 * fontsize + 12) / 72  # inches
-  fig.set_figheight(fig.get_figheight() + height)
-  fig.legend(list(entries.values()), list(entries), loc="lower center",
-             bbox_to_anchor=(0.5, below / fig.get_figheight()),
-             ncol=-(-len(entries) // rows), fontsize=fontsize)
-  return (below + height) / fig.get_figheight()
+TITLE_SIZE, PANEL_TITLE_SIZE, LABEL_SIZE, TICK_SIZE, LEGEND_SIZE = 12, 10, 9, 8, 9  # points
 
 
-def _fit_title(fig) -> None:
-  """Wraps the figure's title (suptitle) onto lines that fit the figure's width."""
+def _wrap(text: str, inches: float, fontsize: float) -> str:
+  """`text` with each of its lines wrapped at spaces onto lines of at most `inches` at
+  `fontsize` (a $...$ formula without spaces stays whole)."""
+  chars = max(int(inches * 72 / (0.5 * fontsize)), 20)  # an average character's width
+  return "\n".join(textwrap.fill(part, chars, break_long_words=False, break_on_hyphens=False)
+                   for part in text.split("\n"))
+
+
+def _style(fig) -> None:
+  """One style for every figure: the figure's title (suptitle) and each panel's title and
+  axis labels in their sizes (TITLE_SIZE, ...) and wrapped to the figure's or the panel's
+  width (the y label to its height); the figure's title 0.1 inch below the top edge at any
+  height (`tight_layout` leaves room for it there); readable tick labels (see
+  `_readable_log_ticks`)."""
   title = fig.get_suptitle()
   if title:
-    fontsize = 12  # points: matplotlib's "large", the default suptitle size
-    chars = int(fig.get_figwidth() * 72 / (0.55 * fontsize))  # an average character's width
-    fig.suptitle(textwrap.fill(title, max(chars, 20)), fontsize=fontsize)
+    fig.suptitle(_wrap(title, fig.get_figwidth(), TITLE_SIZE), fontsize=TITLE_SIZE,
+                 y=1 - 0.1 / fig.get_figheight())
+  for ax in fig.axes:
+    width, height = ax.get_position().size * fig.get_size_inches()
+    for text, inches, size in ((ax.title, width, PANEL_TITLE_SIZE),
+                               (ax.xaxis.label, width, LABEL_SIZE),
+                               (ax.yaxis.label, height, LABEL_SIZE)):
+      text.set(text=_wrap(text.get_text(), inches, size), fontsize=size)
+    ax.tick_params(labelsize=TICK_SIZE)
+    _readable_log_ticks(ax.xaxis)
+    _readable_log_ticks(ax.yaxis)
 
 
-def save(fig, file, bottom: float = 0.0) -> None:
-  """Lays the figure out (y-limits without the diverged runs, see `_fit_diverged`; the title
-  wrapped to the width; leaving the `bottom` fraction free, e.g. for a figure legend, and
-  room for the legend of grid lines, see `_legend_below`) and writes it to `file` as PNG."""
+def _readable_log_ticks(axis) -> None:
+  """Plain tick labels ('0.14', not 1.4x10^-1) on a log axis that spans under two decades,
+  where matplotlib would label its minor ticks or only one decade: at 1, 2 and 5 x 10^i, or
+  under one decade at up to six evenly spaced values. Ticks that a recipe set are kept."""
+  from matplotlib import ticker  # loaded with the figure
+  if axis.get_scale() != "log" or isinstance(axis.get_major_locator(), ticker.FixedLocator):
+    return
+  low, high = sorted(axis.get_view_interval())
+  decades = np.log10(high / low)
+  if decades >= 2:
+    return
+  axis.set_major_locator(ticker.MaxNLocator(6) if decades < 1 else
+                         ticker.LogLocator(subs=(1, 2, 5)))
+  axis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+  axis.set_minor_formatter(ticker.NullFormatter())
+
+
+DIVERGED_LABEL = re.compile(r"(.*) \(diverged at x: (\d+)/(\d+) seeds\)")  # see `_line`
+
+
+def _legend_entries(fig) -> dict:
+  """{label: handle}: each label of the panels' lines once, drawn as where it first appears.
+  A line whose runs diverged (labelled 'LABEL (diverged at x: D/S seeds)' in a panel, see
+  `_line`) is one entry, that label where it is in one panel, else 'LABEL (diverged at x:
+  D/R runs)', D summed over its panels and R = S x its panels."""
+  handles, counts = {}, {}  # LABEL: handle; LABEL: [(diverged, seeds) in each panel]
+  for ax in fig.axes:
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      match = DIVERGED_LABEL.fullmatch(label)
+      label = match[1] if match else label
+      handles.setdefault(label, handle)
+      counts.setdefault(label, []).append((int(match[2]), int(match[3])) if match else (0, 0))
+  entries = {}
+  for label, handle in handles.items():
+    diverged, seeds = sum(d for d, _ in counts[label]), max(s for _, s in counts[label])
+    runs, unit = len(counts[label]) * seeds, "seeds" if len(counts[label]) == 1 else "runs"
+    entries[f"{label} (diverged at x: {diverged}/{runs} {unit})" if diverged else label] = handle
+  return entries
+
+
+def _legend_below(fig) -> float:
+  """One legend for all the panels below them, replacing any panel legend: the entries of
+  `_legend_entries`, in columns that fit the figure's width; the figure grows by its height,
+  which is returned as a fraction of the figure's."""
+  entries = _legend_entries(fig)
+  for ax in fig.axes:
+    if ax.get_legend() is not None:
+      ax.get_legend().remove()
+  if not entries:
+    return 0.0
+  label_width = (max(map(len, entries)) * 0.55 * LEGEND_SIZE + 40) / 72  # inches, with handle
+  rows = -(-len(entries) // max(1, int(fig.get_figwidth() / label_width)))
+  height = (rows * 1.5 * LEGEND_SIZE + 4) / 72  # inches
+  fig.set_figheight(fig.get_figheight() + height)
+  fig.legend(list(entries.values()), list(entries), loc="lower center",
+             bbox_to_anchor=(0.5, 0), ncol=-(-len(entries) // rows), fontsize=LEGEND_SIZE)
+  return height / fig.get_figheight()
+
+
+def save(fig, file) -> None:
+  """Lays the figure out and writes it to `file` as PNG: y-limits without the diverged runs
+  (see `_fit_diverged`), the panels' lines explained by one legend below them (see
+  `_legend_below`), and the one style of `_style`."""
   for ax in fig.axes:
     _fit_diverged(ax)
-  _fit_title(fig)
-  fig.tight_layout(rect=(0, _legend_below(fig, bottom), 1, 1))
+  bottom = _legend_below(fig)
+  _style(fig)
+  fig.tight_layout(rect=(0, bottom, 1, 1))
   fig.savefig(file, format="png", dpi=120)
 
 
@@ -202,17 +261,25 @@ def grid_of(panels: int, columns: int | None = None, width: float = 4.2,
   return fig, axes[:panels]
 
 
-LABELS = {"local": "Local only", "fedavg": "FedAvg", "fedrep": "FedRep"}
+LABELS = {"local": "Local only", "fedavg": "FedAvg", "fedrep": "FedRep", "gd-gd": "GD-GD",
+          "10gd-gd": "10GD-GD", "d-gd": "D-GD"}
+
+
+def display_name(name: str) -> str:
+  """An algorithm's name in a legend: LABELS's, 'FedAvg, τ = 2' for 'fedavg-tau2'."""
+  steps = name.removeprefix("fedavg-tau")
+  return f"FedAvg, τ = {steps}" if steps != name else LABELS.get(name, name)
 
 
 def one_panel(rows, x: str, y: str, algorithms, file, *, xlabel: str, ylabel: str, title: str,
-              vline: float | None = None) -> None:
-  """One panel, one line (mean over seeds, min-max band) per algorithm, log y axis."""
+              vline: tuple[float, str] | None = None) -> None:
+  """One panel, one line (mean over seeds, min-max band) per algorithm, log y axis, and a
+  dotted vertical line at x = vline[0] labelled vline[1]; the legend below it."""
   fig, (ax,) = figure(1, width=5.5)
   for name in algorithms:
-    line(ax, rows, x, y, LABELS.get(name, name), algorithm=name)
+    line(ax, rows, x, y, display_name(name), algorithm=name)
   if vline is not None:
-    ax.axvline(vline, color="grey", ls=":", lw=1)
-  ax.set(yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
-  ax.legend()
+    ax.axvline(vline[0], color="grey", ls=":", lw=1, label=vline[1])
+  ax.set(yscale="log", xlabel=xlabel, ylabel=ylabel)
+  fig.suptitle(title)
   save(fig, file)

@@ -223,10 +223,8 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
     if paper:
       ax.plot([p for _, p in paper], [y for y, _ in paper], "D", color="tab:red", ms=5,
               label=paper_name)
-    ax.set_yticks(ys, [labels[n] for n in names], fontsize=8)
+    ax.set_yticks(ys, [labels[n] for n in names])
     ax.set(xlim=(0, 1), xlabel="test accuracy", title=setting_label(setting))
     ax.grid(axis="x", alpha=0.3)
-  height = fig.get_figheight()
-  fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
   fig.suptitle(title)
-  plotting.save(fig, file, bottom=0.35 / height)
+  plotting.save(fig, file)

@@ -80,7 +80,6 @@ def plot(rows, config: Config, file) -> None:
     plotting.line(loss, rows, "round", "train_loss", LABELS.get(name, name), algorithm=name)
   acc.set(xlabel="communication round", ylabel="test accuracy (mean over clients)")
   loss.set(xlabel="communication round", ylabel="local training loss", yscale="log")
-  acc.legend(fontsize=8, loc="lower right")
   split = (f"{config.classes_per_client} class shards/client" if config.partition == "classes"
            else f"Dir({config.dirichlet_alpha})" if config.partition == "dirichlet" else "iid")
   fig.suptitle(f"digits, {config.model}: n={config.num_clients}, {split}, "

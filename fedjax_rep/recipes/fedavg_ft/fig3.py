@@ -71,17 +71,16 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
 
 def plot(rows, config: Config, file) -> None:
   fig, (left, right) = plotting.figure(2, width=5.0)
+  training = [r for r in rows if "finetune_samples" not in r]
   for tau in config.local_steps:
     name = ft.algorithm_name(tau)
-    training = [r for r in rows if "finetune_samples" not in r]
-    plotting.line(left, training, "round", "global_grad_norm", name, algorithm=name)
-    plotting.line(right, rows, "finetune_samples", "finetune_error", name, algorithm=name)
+    label = plotting.display_name(name)
+    plotting.line(left, training, "round", "global_grad_norm", label, algorithm=name)
+    plotting.line(right, rows, "finetune_samples", "finetune_error", label, algorithm=name)
   left.set(yscale="log", xlabel="communication round", ylabel="global gradient norm",
            title="stationarity of the global objective")
   right.set(xscale="log", yscale="log", xlabel="new client's samples n",
-            ylabel="||B w - B* w*||^2 after fine-tuning", title="fine-tuning on new clients")
-  left.legend()
-  right.legend()
+            ylabel=r"$\|Bw-B^*w^*\|^2$ after fine-tuning", title="fine-tuning on new clients")
   fig.suptitle(f"FedAvg-FT Fig. 3: d={config.dim}, k={config.rep_dim}, M={config.num_clients}")
   plotting.save(fig, file)
 

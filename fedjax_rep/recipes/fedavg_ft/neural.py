@@ -284,8 +284,6 @@ def plot(rows, config: Config, file) -> None:
                ylabel="new clients' test accuracy",
                title=f"new clients: a head on the body ({config.finetune_epochs} epochs)")
   transfer.set_xticks(config.finetune_samples, [str(k) for k in config.finetune_samples])
-  for ax in (loss, test, transfer):
-    ax.legend(fontsize=8)
   seen = digits.NUM_CLASSES - config.unseen_classes
   for ax, (name, label) in zip(matrices, LABELS.items()):
     similarity_panel(fig, ax, mean_similarity(rows, name), seen, diverging=False)

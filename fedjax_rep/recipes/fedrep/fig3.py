@@ -88,10 +88,10 @@ def plot(rows, config: Config, file) -> None:
   fig, axes = plotting.figure(len(config.num_clients))
   for ax, n in zip(axes, config.num_clients):
     for name in config.algorithms:
-      plotting.line(ax, rows, "round", "principal_angle", name, algorithm=name, num_clients=n)
+      plotting.line(ax, rows, "round", "principal_angle", plotting.display_name(name),
+                    algorithm=name, num_clients=n)
     ax.set(yscale="log", title=f"n = {n}", xlabel="communication round",
            ylabel="principal angle distance")
-    ax.legend()
   fig.suptitle(f"FedRep Fig. 3: d={config.dim}, k={config.rep_dim}, "
                f"m={config.samples_per_client}, r={config.participation}, "
                f"{config.data_mode} data")

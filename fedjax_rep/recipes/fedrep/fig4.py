@@ -95,8 +95,8 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
 def plot(rows, config: Config, file) -> None:
   plotting.one_panel(rows, "new_client_samples", "new_client_error", config.algorithms, file,
                      xlabel="new client's samples m_new", ylabel="new-client test MSE",
-                     title=f"FedRep Fig. 4: d={config.dim}, k={config.rep_dim} "
-                     "(dotted: m_new = k)", vline=config.rep_dim)
+                     title=f"FedRep Fig. 4: d={config.dim}, k={config.rep_dim}",
+                     vline=(config.rep_dim, "m_new = k"))
 
 
 RECIPE = register(Recipe(

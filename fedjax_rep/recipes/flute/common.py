@@ -195,8 +195,7 @@ def panel(ax, rows, lines, title):
   if floors:
     ax.axhline(np.mean(list(floors.values())), color="black", ls="--", lw=1,
                label="rank-k floor")
-  ax.set(title=title, xlabel="communication round", ylabel="(1/M) sum ||B w_i - phi_i||")
-  ax.legend(fontsize=7)
+  ax.set(title=title, xlabel="communication round", ylabel=r"$(1/M)\sum_i\|Bw_i-\phi_i\|$")
 
 
 def check_rep_dims(config):

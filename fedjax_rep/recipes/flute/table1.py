@@ -62,7 +62,8 @@ class Config(table1.ShardConfig):
   dataset: str = cfg.choice("the data: tfds files of CIFAR-10/100, or scikit-learn's digits "
                             "(offline)", "cifar10", ("cifar10", "cifar100", "digits"))
   num_clients: tuple = cfg.positive_int(
-      "number of clients M of each setting (default: the paper's for the dataset)",
+      "number of clients M of each setting (default: the paper's CIFAR-10 settings; "
+      "CIFAR-100's are 100,100,100,100 with classes_per_client=5,10,20,40)",
       SETTINGS["cifar10"][0], sequence=True)
   classes_per_client: tuple = cfg.positive_int(
       "classes per client m of each setting (paired with num_clients)",

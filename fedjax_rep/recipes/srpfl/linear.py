@@ -59,7 +59,6 @@ def plot(rows, config: Config, file) -> None:
                  label="target")
       ax.set(xscale="log", yscale="log", title=f"{speed} speeds, C = {comm_cost:g}",
              xlabel="simulated wall-clock time", ylabel="principal angle distance")
-      ax.legend(fontsize=7)
   fig.suptitle(f"SRPFL (linear): N={config.num_clients}, d={config.dim}, k={config.rep_dim}, "
                f"m={config.samples_per_client}, n0={config.n0}")
   plotting.save(fig, file)

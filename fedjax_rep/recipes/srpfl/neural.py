@@ -84,7 +84,6 @@ DATASETS = {
     "femnist": dict(model="mlp", classes=10, num_clients=100, classes_per_client=3,
                     lr=0.01, local_epochs=5),
 }
-TFDS_NAMES = {"cifar10": "cifar10", "cifar100": "cifar100", "emnist": "emnist/balanced"}
 FEMNIST_SAMPLES = 150  # training samples per client (the paper: 15,000 over 100 clients)
 
 
@@ -128,8 +127,8 @@ class Config(common.Training):
                             f"{self.dataset} has {classes} classes")
     if self.dataset == "femnist":
       leaf.require("femnist", None)
-    elif self.dataset in TFDS_NAMES:
-      tfds_data.require(TFDS_NAMES[self.dataset])
+    elif self.dataset in tfds_data.DATASETS:
+      tfds_data.require(self.dataset)
 
 
 def setting(config: Config) -> dict:
@@ -149,7 +148,7 @@ def data(config: Config, seed_values) -> federated.ClientDatasets:
   if config.dataset == "femnist":
     x, y, x_test, y_test = leaf.femnist_letters(s["num_clients"] * FEMNIST_SAMPLES, config.seed)
   else:
-    x, y, x_test, y_test = tfds_data.load(TFDS_NAMES[config.dataset], classes=s["classes"])
+    x, y, x_test, y_test = tfds_data.load(config.dataset, classes=s["classes"])
   datasets = []
   for seed in seed_values:
     parts, test_parts = partition_lib.partition(
@@ -282,7 +281,6 @@ def plot(rows, config: Config, file) -> None:
   """Test accuracy vs wall clock (log scale: SRPFL's first stages take little time): one
   panel per (speed model, participation) row and C column, one line per algorithm (mean
   over seeds, min-max band), the target dotted."""
-  from matplotlib.ticker import NullFormatter  # matplotlib loads with the first figure
   settings = [(speed, p) for speed in config.speed_models for p in config.participation]
   fig, axes = plotting.figure(len(config.comm_costs), width=4.4, height=3.3, rows=len(settings))
   axes = np.asarray(axes).reshape(len(settings), len(config.comm_costs))
@@ -304,19 +302,15 @@ def plot(rows, config: Config, file) -> None:
           ax.fill_between(xs, low, high, color=COLORS[inner], alpha=0.12, lw=0)
       ax.axhline(np.mean([r["target"] for r in panel if r["round"] == 1]), color="black",
                  ls=":", lw=1, label="target")
-      ax.set_title(f"{speed} speeds, {participation_label(participation)}, C = {comm_cost:g}",
-                   fontsize=9)
+      ax.set_title(f"{speed} speeds, {participation_label(participation)}, C = {comm_cost:g}")
       ax.set(xscale="log", xlabel="simulated wall-clock time", ylabel="test accuracy")
-      ax.xaxis.set_minor_formatter(NullFormatter())
       ax.grid(alpha=0.3)
-  handles, labels = axes[0, 0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=9)
   s = setting(config)
   fig.suptitle(f"SRPFL (neural): {config.dataset}, {s['model']}, M={s['num_clients']}, "
                f"S={s['classes_per_client']}; SRPFL/FLANP double from n0 = "
                f"{config.n0_fraction:g} N every {config.stage_rounds} rounds; target = "
                f"{config.target_fraction:g} x FedRep's final accuracy")
-  plotting.save(fig, file, bottom=0.7 / fig.get_figheight())
+  plotting.save(fig, file)
 
 
 RECIPE = register(Recipe(

@@ -81,20 +81,19 @@ def plot(rows, config: Config, file) -> None:
     plotting.line(left, first_rows, "num_clients", "time_to_target", sc.LABELS[name],
                   algorithm=name)
   left.set(xscale="log", yscale="log", xlabel="clients N", ylabel="simulated time to target",
-           title=f"time to reach eps = {config.c_hat:g} x FedRep's floor")
+           title=f"time to reach ε = {config.c_hat:g} × FedRep's floor")
   table = speedup_table(rows, config.c_hat)
   ns = [t["num_clients"] for t in table]
-  right.plot(ns, [t["ratio"] for t in table], marker="o", label="measured")
+  right.plot(ns, [t["ratio"] for t in table], marker="o", color="tab:purple",
+             label="speed-up, measured")
   if config.speed_model == "fixed":
-    right.plot(ns, [t["expected_ratio"] for t in table], marker="s", ls=":",
-               label="expected times at the measured rounds")
+    right.plot(ns, [t["expected_ratio"] for t in table], marker="s", ls=":", color="tab:gray",
+               label="speed-up, expected times at the measured rounds")
   if "theorem46" in table[0]:
     right.plot(ns, [t["theorem46"] for t in table], ls="--", color="black",
                label="Theorem 4.6 trend (scaled at the first N)")
-  right.set(xscale="log", yscale="log", xlabel="clients N", ylabel="T_SRPFL / T_FedRep",
-            title="speed-up of SRPFL")
-  left.legend()
-  right.legend(fontsize=8)
+  right.set(xscale="log", yscale="log", xlabel="clients N",
+            ylabel=r"$T_\mathrm{SRPFL}/T_\mathrm{FedRep}$", title="speed-up of SRPFL")
   fig.suptitle(f"SRPFL speed-up: {config.speed_model} speeds, C={config.comm_cost:g}, "
                f"n0={config.n0}, d={config.dim}, k={config.rep_dim}")
   plotting.save(fig, file)
