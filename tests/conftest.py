@@ -9,7 +9,9 @@ import tempfile
 # long linear recipes). Levels agree to float32 round-off, not bit for bit (fedrep-fig3
 # --quick: metrics within 1.1e-5 relative), and every test compares runs made at one level
 # or against float64 references. FEDJAX_REP_TEST_OPTIMIZED=1 tests the default level.
-if os.environ.get("FEDJAX_REP_TEST_OPTIMIZED") != "1":
+# (pytest-xdist's workers inherit the flag from the controller.)
+if (os.environ.get("FEDJAX_REP_TEST_OPTIMIZED") != "1"
+    and "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
   os.environ["XLA_FLAGS"] = " ".join(
       [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=1"]).strip()
 

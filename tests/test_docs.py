@@ -36,21 +36,27 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+BLOCKS = python_blocks()
+
+
 def test_the_docs_have_python_blocks():
-  assert len(python_blocks()) >= 3
+  assert len(BLOCKS) >= 3
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where,code", python_blocks(), ids=[b[0] for b in python_blocks()])
+@pytest.mark.parametrize("where,code", BLOCKS, ids=[where for where, _ in BLOCKS])
 def test_python_block_runs_as_written(where, code, tmp_path):
   """A multi-host example (it reads NUM_PROCESSES) runs as two processes on this machine."""
   processes = 2 if "NUM_PROCESSES" in code else 1
   env = {**os.environ, "NUM_PROCESSES": str(processes),
          "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}", "JAX_PLATFORMS": "cpu"}
   logs = [tmp_path / f"stderr-{i}.txt" for i in range(processes)]
-  runs = [subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path,
-                           env={**env, "PROCESS_ID": str(i)}, stdout=subprocess.DEVNULL,
-                           stderr=log.open("w")) for i, log in enumerate(logs)]
+  runs = []
+  for i, log in enumerate(logs):
+    with log.open("w") as stderr:  # the child keeps its own copy of the descriptor
+      runs.append(subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path,
+                                   env={**env, "PROCESS_ID": str(i)},
+                                   stdout=subprocess.DEVNULL, stderr=stderr))
   for i, (run, log) in enumerate(zip(runs, logs)):
     run.wait(timeout=600)
     assert run.returncode == 0, (f"{where} (process {i} of {processes}) failed:\n"

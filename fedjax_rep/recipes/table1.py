@@ -202,7 +202,8 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
          paper: dict = PAPER, labels: dict = LABELS, paper_name: str = "FedRep Table 1") -> None:
   """One panel per setting (and per combination of a --grid: rows with a `grid` column): a
   horizontal bar per algorithm (measured accuracy, its std over seeds as an error bar) with
-  the paper's value as a red diamond where it has one."""
+  the paper's value as a red diamond where it has one; `title`, then what the bars average
+  (`neural.averaged_text`), above the panels."""
   grids = list(dict.fromkeys(r["grid"] for r in rows if "grid" in r))
   if grids:
     settings = [{**setting, "grid": label} for setting in settings for label in grids]
@@ -226,5 +227,5 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
     ax.set_yticks(ys, [labels[n] for n in names])
     ax.set(xlim=(0, 1), xlabel="test accuracy", title=setting_label(setting))
     ax.grid(axis="x", alpha=0.3)
-  fig.suptitle(title)
+  fig.suptitle(f"{title} ({common.averaged_text(rows)})")
   plotting.save(fig, file)

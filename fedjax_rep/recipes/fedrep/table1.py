@@ -25,7 +25,6 @@ import tempfile
 from fedjax_rep.data import leaf, tfds_data
 from fedjax_rep.nn import models
 from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import neural
 from fedjax_rep.recipes import table1
 from fedjax_rep.recipes.registry import Recipe, register
 
@@ -148,8 +147,7 @@ def _register(dataset: str, title: str, config, run, settings, quick: dict, summ
   def plot(rows, config, file):
     table1.plot(rows, config, file, dataset, settings(config),
                 f"{title}{' (MOCK DATA)' if config.source == 'mock' else ''}: "
-                f"r={config.participation}, {config.rounds} rounds "
-                f"({neural.averaged_text(rows)})")
+                f"r={config.participation}, {config.rounds} rounds")
 
   register(Recipe(name=f"fedrep-table1-{dataset}", summary=summary, config=config,
                   quick={"source": "mock", "algorithms": QUICK_ALGORITHMS, **quick},

@@ -26,7 +26,6 @@ from fedjax_rep.data import digits, tfds_data
 from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import neural
 from fedjax_rep.recipes import table1
 from fedjax_rep.recipes.registry import Recipe, register
 
@@ -114,7 +113,7 @@ def summarize(rows, config: Config):
 def plot(rows, config: Config, file) -> None:
   table1.plot(rows, config, file, config.dataset, settings(config),
               f"FLUTE Table 1, {config.dataset}: r={config.participation}, {config.rounds} "
-              f"rounds ({neural.averaged_text(rows)})", PAPER, LABELS, "FLUTE Table 1")
+              f"rounds", PAPER, LABELS, "FLUTE Table 1")
 
 
 RECIPE = register(Recipe(
