@@ -3,17 +3,22 @@ import os
 import shutil
 import tempfile
 
-# The suite compiles hundreds of small programs and runs most of them briefly, so LLVM's
-# optimisation passes take much of its time. At level 1 the recipe tests take 0.6-0.8x as
-# long as at the default level 2 (level 0 is faster to compile but 2-3x slower to run the
-# long linear recipes). Levels agree to float32 round-off, not bit for bit (fedrep-fig3
-# --quick: metrics within 1.1e-5 relative), and every test compares runs made at one level
-# or against float64 references. FEDJAX_REP_TEST_OPTIMIZED=1 tests the default level.
-# (pytest-xdist's workers inherit the flag from the controller.)
+# The suite compiles hundreds of small programs and runs most of them briefly, so XLA's
+# compilation takes most of its time. Two flags make that cheaper: optimisation level 1
+# (the recipe tests take 0.6-0.8x as long as at the default level 2; level 0 is faster to
+# compile but 2-3x slower to run the long linear recipes), and XLA:CPU's older fusion
+# emitters instead of its MLIR ones (`--xla_cpu_use_fusion_emitters=false`: the slow recipe
+# and Table-1 tests spent 158 s compiling instead of 286, 352 CPU-s in all instead of 492).
+# Both agree with the defaults to float32 round-off, not bit for bit (fedrep-fig3 --quick:
+# metrics within 3.3e-5 relative of the defaults), and every test compares runs made with
+# one set of flags or against float64 references. FEDJAX_REP_TEST_OPTIMIZED=1 tests XLA's
+# defaults.
+# (pytest-xdist's workers inherit the flags from the controller.)
 if (os.environ.get("FEDJAX_REP_TEST_OPTIMIZED") != "1"
     and "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
   os.environ["XLA_FLAGS"] = " ".join(
-      [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=1"]).strip()
+      [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=1",
+       "--xla_cpu_use_fusion_emitters=false"]).strip()
 
 # One persistent compilation cache for the whole run, out of the user's: the pytest-xdist
 # workers and the processes tests start (recipes, notebooks, docs) load a program another
@@ -39,11 +44,13 @@ def emulated_devices_env(count: int) -> dict:
 
 
 def pytest_collection_modifyitems(items):
-  """Runs the slow tests first. pytest-xdist's `worksteal` schedule (pyproject.toml) gives
-  each worker half of the tests, and a worker that runs out takes half of what the other
-  has left, from its end: with the long tests at the front, the end of the run is short
-  tests that even out, not one worker idle while the other runs a notebook."""
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+  """Runs the slow tests first, the notebooks (30-60 s each, the longest) first of all.
+  pytest-xdist's `worksteal` schedule (pyproject.toml) gives each worker half of the tests,
+  and a worker that runs out takes half of what the other has left, from its end: with the
+  long tests at the front, the end of the run is short tests that even out, not one worker
+  idle while the other runs a notebook."""
+  items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                               item.path.name != "test_notebooks.py"))
 
 
 _compiles = []

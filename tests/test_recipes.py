@@ -1,4 +1,8 @@
-"""The paper's qualitative outcomes, from the recipes in --quick mode (marked slow)."""
+"""The paper's qualitative outcomes, from the recipes in --quick mode (marked slow).
+
+fedrep-fig1, fig3 and fig4, fedavg-ft-fig1 and fig3, srpfl-linear and srpfl-speedup are
+checked where their quick runs are made, in the notebooks' Checks cells
+(notebooks/01_fedrep_linear, 02_fedavg_ft and 04_srpfl; tests/test_notebooks.py)."""
 
 import collections
 
@@ -17,46 +21,6 @@ def final_mean(rows, value, key, final_round):
     if row["round"] == final_round and value in row:
       groups[row["algorithm"], row[key]].append(row[value])
   return {k: float(np.mean(v)) for k, v in groups.items()}
-
-
-def test_fedrep_fig3_quick():
-  rows, config = fr.run_recipe("fedrep-fig3", quick=True, progress=False)
-  angle = final_mean(rows, "principal_angle", "num_clients", config.rounds)
-  for n in (100, 1000):
-    assert angle["fedrep", n] < 0.05
-    assert angle["fedrep", n] < angle["gd-gd", n]
-  assert angle["fedrep", 10] > 0.2  # n = 10 does not converge
-  assert angle["fedrep", 1000] < angle["fedrep", 100] < angle["fedrep", 10]
-
-
-def test_fedrep_fig1_quick():
-  # m = 5 < d and m = 40 > d: each m is its own programs, most of this test's time
-  rows, config = fr.run_recipe("fedrep-fig1", quick=True, progress=False,
-                               overrides=["samples_per_client=5,40"])
-  error = {**final_mean(rows, "test_error", "samples_per_client", config.rounds),
-           **final_mean(rows, "test_error", "samples_per_client", 0)}
-  for m in config.samples_per_client:
-    assert error["fedrep", m] < 0.05  # small at every m
-    assert error["fedavg", m] > 1.0  # never: one model cannot fit heterogeneous heads
-    if m < config.dim:
-      assert error["local", m] > 0.3
-  assert error["local", max(config.samples_per_client)] < 0.05  # once m >> d
-
-
-def test_fedrep_fig4_quick():
-  rows, config = fr.run_recipe("fedrep-fig4", quick=True, progress=False)
-  error = {**final_mean(rows, "new_client_error", "new_client_samples", config.rounds),
-           **final_mean(rows, "new_client_error", "new_client_samples", 0)}
-  k = config.rep_dim
-  for m_new in config.new_client_samples:
-    if m_new < k:
-      assert error["fedrep", m_new] > 0.5  # fewer samples than head parameters
-    elif m_new < config.dim:
-      assert error["fedrep", m_new] < error["local", m_new] / 5  # a head needs few samples
-    if m_new > k:
-      assert error["fedrep", m_new] < 0.05
-    if m_new < config.dim:
-      assert error["local", m_new] > 0.3
 
 
 def test_flute_fig3_cell_quick():
@@ -78,40 +42,6 @@ def test_flute_fig4_quick_flags_divergence():
   for r in rows:  # the 1/N loss diverges at eta = 0.03; every run is flagged, none crashes
     assert 0 < r["diverged_round"] <= 50
     assert (r["round"] >= r["diverged_round"]) == np.isnan(r["model_error"])
-
-
-def first_row_means(rows, value, *keys):
-  """{(algorithm, *keys): mean over seeds of a per-run column (read from round 1)}."""
-  groups = collections.defaultdict(list)
-  for row in rows:
-    if row["round"] == 1:
-      groups[(row["algorithm"], *(row[k] for k in keys))].append(row[value])
-  return {k: float(np.mean(v)) for k, v in groups.items()}
-
-
-def test_srpfl_linear_quick():
-  rows, config = fr.run_recipe("srpfl-linear", quick=True, progress=False)
-  time = first_row_means(rows, "time_to_target", "speed_model", "comm_cost")
-  # C = 0, fixed Exp(1) speeds: SRPFL reaches the target in less simulated time than FedRep
-  assert time["srpfl", "fixed", 0.0] < time["fedrep", "fixed", 0.0]
-  assert time["srpfl", "dynamic", 0.0] < time["fedrep", "dynamic", 0.0]
-  assert np.isnan(time["fastest-n", "fixed", 0.0])  # n0 clients alone stay above the target
-  for r in rows:  # every algorithm has a clock; C is paid every round
-    assert r["wall_clock"] >= r["round"] * r["comm_cost"]
-
-
-def test_srpfl_speedup_quick():
-  """SRPFL reaches the target first at every N (whether the ratio shrinks with N is a
-  measurement of the full recipe: see docs/papers/srpfl.md)."""
-  rows, config = fr.run_recipe("srpfl-speedup", quick=True, seeds=3, progress=False,
-                               overrides=["num_clients=100,1000"])
-  from fedjax_rep.recipes.srpfl.speedup import speedup_table
-  table = speedup_table(rows, config.c_hat)
-  assert [t["num_clients"] for t in table] == [100, 1000]
-  for t in table:
-    assert t["srpfl_reached"] == t["fedrep_reached"] == "3/3"
-    assert t["ratio"] < 0.5
-    assert abs(t["expected_ratio"] / t["ratio"] - 1) < 0.2  # the clock matches Section 4.1
 
 
 def test_digits_personalized_quick():

@@ -68,6 +68,7 @@ class FemnistConfig(table1.ShardConfig):
       "mean training samples per client (the pooled letters are subsampled to n times it)",
       148)
   rounds: int = cfg.rounds(200)
+  mock_examples: int = cfg.positive_int("training images per user of the mock data", 600)
 
   def check(self):
     super().check()
@@ -165,7 +166,8 @@ _register("cifar100", "CIFAR-100", Cifar100Config, cifar_run, table1.shard_setti
            "mock_examples": 2000},
           "FedRep Table 1, CIFAR-100 (n, S) = (100, 5), (100, 20): all algorithms (tfds files)")
 _register("femnist", "FEMNIST (10 letters)", FemnistConfig, femnist_run, table1.shard_settings,
-          {**_QUICK_SHARDS, "num_clients": (10,), "samples_per_client": 20},
+          {**_QUICK_SHARDS, "num_clients": (10,), "samples_per_client": 20,
+           "mock_examples": 100},
           "FedRep Table 1, FEMNIST: 10 letters, n = 150, S = 3, log-normal sizes (LEAF files)")
 _register("sent140", "Sent140", Sent140Config, sent140_run, sent140_settings,
           {"rounds": 3, "eval_every": 1, "client_group": 1, "num_clients": 10,
