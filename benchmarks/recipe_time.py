@@ -17,6 +17,13 @@ each repeat's warm run over its floor is printed as `warm over floor`.
 The load average is printed before each repeat: on a shared machine, compare times within
 one repeat.
 
+Where a run's time goes: every run records JAX's compilation events (`jax.monitoring`), and
+the script prints, for the first repeat's runs, the seconds spent tracing the programs that
+were lowered, lowering them to MLIR and compiling them with XLA (in a warm run: loading them
+from the cache), their share of the run's wall time (the rest is the interpreter and
+imports, data, rounds, evaluation and the figure), how many programs were lowered, and the
+programs that cost most. `--json` rows carry the totals per way (e.g. "cold compiling").
+
 With `--baseline REV`, each repeat also times the same command run by the package as it was
 at git revision REV (extracted with `git archive` into a temporary directory and put first
 on PYTHONPATH; a new empty $FEDJAX_REP_CACHE, so its run is cold if that code caches at
@@ -39,25 +46,97 @@ import numpy as np
 
 WAYS = ("cold", "warm", "no cache")
 FLOOR = "import jax; jax.devices()"
+TRACE = "/jax/core/compile/jaxpr_trace_duration"
+LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+COMPILE = "/jax/core/compile/backend_compile_duration"
+# The `fedjax-rep` command (`cli.command`: main, then an immediate exit) with a listener on
+# JAX's duration events, written before the exit to $RECIPE_TIME_EVENTS as JSON
+# [[event, program name, seconds], ...].
+DRIVER = """\
+import json, os, sys
+import jax
+events = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **kw: events.append((event, kw.get("fun_name", ""), seconds)))
+from fedjax_rep import cli
+code = cli.main()
+with open(os.environ["RECIPE_TIME_EVENTS"], "w") as f:
+  json.dump(events, f)
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)
+"""
 
 
 def run_seconds(args: list[str], out: str, cache: str | None = None,
-                package: str | None = None) -> float:
-  """Seconds of one `fedjax-rep run ARGS --no-progress --out OUT` process, interpreter start
-  included: with the compilation cache and stored programs in the directory `cache`, or
-  with none (`--no-compile-cache`) when cache is None; the fedjax_rep package found in the
-  directory `package` when given (first on PYTHONPATH), else the installed one."""
+                package: str | None = None) -> tuple[float, list]:
+  """(seconds, JAX's duration events) of one `fedjax-rep run ARGS --no-progress --out OUT`
+  process, interpreter start included: with the compilation cache in the directory
+  `cache`, or with none (`--no-compile-cache`) when cache is None; the fedjax_rep package
+  found in the directory `package` when given (first on PYTHONPATH), else the installed
+  one. Events: [(event name, program name, seconds)] in the order JAX reported them."""
   out = os.path.abspath(out)
-  command = [sys.executable, "-m", "fedjax_rep", "run", *args, "--no-progress", "--out", out,
+  events_file = os.path.join(out, "events.json")
+  command = [sys.executable, "-c", DRIVER, "run", *args, "--no-progress", "--out", out,
              *(["--no-compile-cache"] if cache is None else [])]
-  env = os.environ if cache is None else {**os.environ, "FEDJAX_REP_CACHE": cache}
+  env = {**os.environ, "RECIPE_TIME_EVENTS": events_file,
+         **({} if cache is None else {"FEDJAX_REP_CACHE": cache})}
   if package is not None:
-    env = {**env, "PYTHONPATH": os.pathsep.join(
-        [package, *filter(None, [os.environ.get("PYTHONPATH")])])}
-  os.makedirs(out, exist_ok=True)  # the run's working directory: `python -m` puts it first
+    env["PYTHONPATH"] = os.pathsep.join([package, *filter(None, [os.environ.get("PYTHONPATH")])])
+  os.makedirs(out, exist_ok=True)  # the run's working directory: `python -c` puts it first
   start = time.perf_counter()       # on sys.path, and a checkout there would be imported
   subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env, cwd=out)
-  return time.perf_counter() - start
+  seconds = time.perf_counter() - start
+  with open(events_file) as f:
+    return seconds, json.load(f)
+
+
+def compilation(events: list) -> dict:
+  """{program name: {"lowered", "compiled": counts, "trace", "lower", "xla": seconds}} of
+  one run's events. A program's trace is the last trace event before its lowering: the
+  traces of the jitted functions it calls come earlier and are part of it (traces that are
+  not lowered, e.g. of shapes only, are left out)."""
+  programs, last_trace = {}, 0.0
+  for event, name, seconds in events:
+    if event == TRACE:
+      last_trace = seconds
+    elif event in (LOWER, COMPILE):
+      entry = programs.setdefault(name, {"lowered": 0, "compiled": 0, "trace": 0.0,
+                                         "lower": 0.0, "xla": 0.0})
+      if event == LOWER:
+        entry["lowered"] += 1
+        entry["trace"] += last_trace
+        entry["lower"] += seconds
+        last_trace = 0.0
+      else:
+        entry["compiled"] += 1
+        entry["xla"] += seconds
+  return programs
+
+
+def compilation_totals(programs: dict) -> dict:
+  """The sums over `compilation`'s programs: counts and seconds, and "compiling" (trace +
+  lower + xla seconds)."""
+  totals = {key: sum(p[key] for p in programs.values())
+            for key in ("lowered", "compiled", "trace", "lower", "xla")}
+  return {**totals, "compiling": totals["trace"] + totals["lower"] + totals["xla"]}
+
+
+def print_compilation(label: str, seconds: float, programs: dict, top: int = 8) -> None:
+  """Prints a run's compilation totals, their share of its `seconds`, and its `top`
+  costliest programs."""
+  t = compilation_totals(programs)
+  print(f"\n{label}: {seconds:.2f} s; compiling {t['compiling']:.2f} s "
+        f"({100 * t['compiling'] / seconds:.0f} %): tracing {t['trace']:.2f}, lowering "
+        f"{t['lower']:.2f}, XLA {t['xla']:.2f}; {t['lowered']} programs lowered, "
+        f"{t['compiled']} through XLA (compiled, or loaded from the cache)")
+  print(f"  {'program':<44} {'lowered':>7} {'XLA':>5} {'trace s':>8} {'lower s':>8} "
+        f"{'XLA s':>8}")
+  costliest = sorted(programs.items(), key=lambda item: -(item[1]["trace"] + item[1]["lower"]
+                                                         + item[1]["xla"]))
+  for name, p in costliest[:top]:
+    print(f"  {name[:44]:<44} {p['lowered']:>7} {p['compiled']:>5} {p['trace']:8.2f} "
+          f"{p['lower']:8.2f} {p['xla']:8.2f}")
 
 
 def floor_seconds() -> float:
@@ -106,27 +185,31 @@ def differences(path_a: str, path_b: str) -> tuple[float, float]:
 
 
 def repeat(recipe: str, quick: bool, work: str, baseline: str | None = None):
-  """Seconds of each way (module docstring), from a new cache directory under `work`, and
-  of the floor (`floor_seconds`); with `baseline` (a package directory, see `extract`),
-  also the seconds of its cold run, and its metrics.csv's (absolute, relative) differences
-  from this code's (`differences`, else None)."""
+  """({way: seconds}, {way: `compilation` of its events}, differences): each way (module
+  docstring) from a new cache directory under `work`, and the floor's seconds
+  (`floor_seconds`); with `baseline` (a package directory, see `extract`), also its cold
+  run ("baseline"), and its metrics.csv's (absolute, relative) differences from this
+  code's (`differences`, else None)."""
   cache = tempfile.mkdtemp(dir=work, prefix="cache-")
-  seconds, outputs = {"floor": floor_seconds()}, {}
+  seconds, outputs, programs = {"floor": floor_seconds()}, {}, {}
   for way in WAYS:
     outputs[way] = tempfile.mkdtemp(dir=work, prefix="run-")
-    seconds[way] = run_seconds([recipe] + ["--quick"] * quick, outputs[way],
-                               None if way == "no cache" else cache)
+    seconds[way], events = run_seconds([recipe] + ["--quick"] * quick, outputs[way],
+                                       None if way == "no cache" else cache)
+    programs[way] = compilation(events)
     with open(os.path.join(outputs[way], "metrics.csv"), "rb") as f, \
         open(os.path.join(outputs["cold"], "metrics.csv"), "rb") as g:
       if f.read() != g.read():
         sys.exit(f"{recipe}: metrics.csv of the {way} run differs from the cold run's")
   if baseline is None:
-    return seconds, None
+    return seconds, programs, None
   out = tempfile.mkdtemp(dir=work, prefix="baseline-run-")
-  seconds["baseline"] = run_seconds([recipe] + ["--quick"] * quick, out,
-                                    tempfile.mkdtemp(dir=work, prefix="cache-"), baseline)
-  return seconds, differences(os.path.join(outputs["cold"], "metrics.csv"),
-                              os.path.join(out, "metrics.csv"))
+  seconds["baseline"], events = run_seconds([recipe] + ["--quick"] * quick, out,
+                                            tempfile.mkdtemp(dir=work, prefix="cache-"),
+                                            baseline)
+  programs["baseline"] = compilation(events)
+  return seconds, programs, differences(os.path.join(outputs["cold"], "metrics.csv"),
+                                        os.path.join(out, "metrics.csv"))
 
 
 def main():
@@ -143,10 +226,14 @@ def main():
     baseline = None if args.baseline is None else extract(args.baseline, work)
     for i in range(args.repeats):
       load = os.getloadavg()[0]
-      seconds, diff = repeat(args.recipe, args.quick, work, baseline)
+      seconds, programs, diff = repeat(args.recipe, args.quick, work, baseline)
       rows.append({"recipe": args.recipe, "quick": args.quick, "repeat": i, "load": load,
                    **{f"{way} s": s for way, s in seconds.items()},
-                   "warm over floor": seconds["warm"] / seconds["floor"]})
+                   "warm over floor": seconds["warm"] / seconds["floor"],
+                   **{f"{way} {key}": value for way, p in programs.items()
+                      for key, value in compilation_totals(p).items()}})
+      if i == 0:
+        first = seconds, programs
       if baseline is not None:
         rows[-1].update({"baseline": args.baseline, "baseline over cold": seconds["baseline"] /
                          seconds["cold"], "baseline over warm": seconds["baseline"] /
@@ -172,6 +259,9 @@ def main():
     print(f"baseline: {args.baseline}; its metrics.csv against this code's: largest "
           f"difference {max(r['max abs diff'] for r in rows):.3g} absolute, "
           f"{max(r['max rel diff'] for r in rows):.3g} relative")
+  seconds, programs = first
+  for way, p in programs.items():
+    print_compilation(f"repeat 0, {way}", seconds[way], p)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=1)
