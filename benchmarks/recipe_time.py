@@ -49,22 +49,16 @@ FLOOR = "import jax; jax.devices()"
 TRACE = "/jax/core/compile/jaxpr_trace_duration"
 LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 COMPILE = "/jax/core/compile/backend_compile_duration"
-# The `fedjax-rep` command (`cli.command`: main, then an immediate exit) with a listener on
-# JAX's duration events, written before the exit to $RECIPE_TIME_EVENTS as JSON
-# [[event, program name, seconds], ...].
+# `python -m fedjax_rep ...` (what the package of any revision runs as its command) with a
+# listener that writes each of JAX's duration events to $RECIPE_TIME_EVENTS as it comes, a
+# JSON line [event, program name, seconds] (the command may end with os._exit).
 DRIVER = """\
-import json, os, sys
+import json, os, runpy
 import jax
-events = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, seconds, **kw: events.append((event, kw.get("fun_name", ""), seconds)))
-from fedjax_rep import cli
-code = cli.main()
-with open(os.environ["RECIPE_TIME_EVENTS"], "w") as f:
-  json.dump(events, f)
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)
+events = open(os.environ["RECIPE_TIME_EVENTS"], "w", buffering=1)
+jax.monitoring.register_event_duration_secs_listener(lambda event, seconds, **kw: events.write(
+    json.dumps([event, kw.get("fun_name", ""), seconds]) + "\\n"))
+runpy.run_module("fedjax_rep", run_name="__main__", alter_sys=True)
 """
 
 
@@ -76,7 +70,7 @@ def run_seconds(args: list[str], out: str, cache: str | None = None,
   found in the directory `package` when given (first on PYTHONPATH), else the installed
   one. Events: [(event name, program name, seconds)] in the order JAX reported them."""
   out = os.path.abspath(out)
-  events_file = os.path.join(out, "events.json")
+  events_file = out + ".events"  # beside the run: the command wants its --out empty
   command = [sys.executable, "-c", DRIVER, "run", *args, "--no-progress", "--out", out,
              *(["--no-compile-cache"] if cache is None else [])]
   env = {**os.environ, "RECIPE_TIME_EVENTS": events_file,
@@ -88,7 +82,7 @@ def run_seconds(args: list[str], out: str, cache: str | None = None,
   subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env, cwd=out)
   seconds = time.perf_counter() - start
   with open(events_file) as f:
-    return seconds, json.load(f)
+    return seconds, [json.loads(line) for line in f]
 
 
 def compilation(events: list) -> dict:
