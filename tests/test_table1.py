@@ -87,8 +87,9 @@ def test_mtl_lambda_is_a_traced_option_or_the_algorithms_default():
 @pytest.mark.slow
 def test_table1_synthetic_quick(tmp_path):
   """FedRep beats FedAvg on Synthetic(1, 1); every accuracy is finite and in [0, 1]. (The
-  CLI's --quick runs all 14 algorithms; here four, to keep CI short: the baselines are
-  checked against their references in test_baselines_reference.py.)"""
+  CLI's --quick runs the six algorithms of one program, QUICK_ALGORITHMS; here four, one
+  of them outside it, to keep CI short: the baselines are checked against their
+  references in test_baselines_reference.py.)"""
   algorithms = "local,fedavg,l2gd,fedrep"
   out = cli.main(["run", "table1-synthetic", "--quick", "--no-progress", "--out",
                   str(tmp_path), "--set", f"algorithms={algorithms}"])

@@ -111,17 +111,32 @@ class Personalized:
     return train.cross_entropy(self.logits(flat, x, key), y, weights)
 
   # -- local training ----------------------------------------------------------------------
-  def sgd(self, loss_fn, params, x, y, count, key, hparams, epochs: int):
-    """`train.sgd_epochs` with this algorithm's batch size."""
+  def sgd(self, loss_fn, params, x, y, count, key, hparams, epochs: int, **traced):
+    """`train.sgd_epochs` with this algorithm's batch size (`traced`: its `active` and
+    `trainable`)."""
     return train.sgd_epochs(loss_fn, params, x, y, count, key, hparams, epochs=epochs,
-                            batch_size=self.batch_size)
+                            batch_size=self.batch_size, **traced)
 
-  def train_head(self, body: dict, head: dict, x, y, count, key, hparams, epochs: int):
-    """(head, mean loss) after `epochs` of SGD on the head alone. The body is frozen, so
-    its features are computed once (one forward pass, not one per epoch)."""
+  def train_head(self, body: dict, head: dict, x, y, count, key, hparams, epochs: int,
+                 **traced):
+    """(head, mean loss) after `epochs` of SGD on the head alone (`traced`: as `sgd`'s). The
+    body is frozen, so its features are computed once (one forward pass, not one per
+    epoch)."""
     h = self.features(body, x)
     loss = lambda p, hb, yb, wb, k: train.cross_entropy(self.head_logits(p, hb, k), yb, wb)
-    return self.sgd(loss, head, h, y, count, key, hparams, epochs)
+    return self.sgd(loss, head, h, y, count, key, hparams, epochs, **traced)
+
+  def head_trained(self, flat: dict, x, y, count, key, hparams, epochs: int, active=None):
+    """flat (params) with its head trained for `epochs` epochs on the frozen body's features
+    (`train_head`); with `active` (int []), only the first `active` of them, and nothing
+    (not even the features) where it is 0."""
+    body, head = params_lib.split(flat, params_lib.head_personal(flat))
+
+    def train():
+      return self.train_head(body, head, x, y, count, key, hparams, epochs, active=active)[0]
+
+    return params_lib.merge(body, train() if active is None else
+                            jax.lax.cond(active > 0, train, lambda: head))
 
   def client_update(self, shared: dict, personal: dict, x, y, count, key, hparams):
     """One client's local training: (its new shared params, new personal params, mean

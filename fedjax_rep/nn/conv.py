@@ -15,10 +15,12 @@ a reshape + max, which differentiates cheaply everywhere.
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax.linen.dtypes import promote_dtype
 
 IMPLS = ("auto", "im2col", "xla")
 
@@ -55,12 +57,16 @@ def conv_xla(x: jax.Array, kernel: jax.Array) -> jax.Array:
 class Conv(nn.Module):
   """VALID stride-1 conv with bias: [..., H, W, cin] -> [..., H-kh+1, W-kw+1, features].
 
-  Params: `kernel` [kh, kw, cin, features] (lecun_normal), `bias` [features] (zeros).
-  `impl` is 'im2col', 'xla' or 'auto' (see the module docstring).
+  Params: `kernel` [kh, kw, cin, features] (lecun_normal), `bias` [features] (zeros), always
+  float32. `impl` is 'im2col', 'xla' or 'auto' (see the module docstring). `dtype` is the
+  computation dtype, as flax's `dtype`: None computes in the inputs' and params' dtype
+  (float32); e.g. jnp.bfloat16 casts x, kernel and bias to it, so the conv and its output are
+  bfloat16 while the params (and their gradients) stay float32.
   """
   features: int
   kernel_size: Sequence[int] = (5, 5)
   impl: str = "auto"
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -69,6 +75,8 @@ class Conv(nn.Module):
     kernel = self.param("kernel", nn.initializers.lecun_normal(),
                         (kh, kw, x.shape[-1], self.features))
     bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
+    if self.dtype is not None:
+      x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
     batch = x.shape[:-3]
     y = conv(x.reshape(-1, *x.shape[-3:]), kernel) + bias
     return y.reshape(*batch, *y.shape[1:])

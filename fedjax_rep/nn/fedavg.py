@@ -3,13 +3,16 @@
 Each sampled client trains the global model for `local_epochs`; the server averages them
 (weighted by sample counts). With `ft_epochs` > 0 (FedAvg-FT, FedRep's "+FT"), every
 client fine-tunes the head of the global model for `ft_epochs` on its own training data
-before it is tested; training is FedAvg's.
+before it is tested; training is FedAvg's. The traced option `hparams.options[FT_EPOCHS]`
+(int [], at most `ft_epochs`), where present, sets how many of the `ft_epochs` run, so one
+program serves FedAvg and FedAvg-FT (`family.program`).
 """
 
 import dataclasses
 
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn.algorithm import Personalized
+from fedjax_rep.nn.hparams import FT_EPOCHS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +26,5 @@ class FedAvg(Personalized):
   def eval_params(self, shared, personal, x, y, count, key, hparams):
     if not self.ft_epochs:
       return shared
-    body, head = params_lib.split(shared, params_lib.head_personal(shared))
-    head, _ = self.train_head(body, head, x, y, count, key, hparams, self.ft_epochs)
-    return params_lib.merge(body, head)
+    return self.head_trained(shared, x, y, count, key, hparams, self.ft_epochs,
+                             hparams.options.get(FT_EPOCHS))

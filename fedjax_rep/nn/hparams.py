@@ -10,6 +10,9 @@ from fedjax_rep.core import struct
 
 # Algorithm-specific traced hyperparameters `hparams` accepts, with their valid range.
 OPTIONS = {"mtl_lambda": "finite and >= 0 (Fed-MTL's regulariser weight)"}
+# The option (int []) that `family.program` sets: how many of an algorithm's `ft_epochs`
+# fine-tuning epochs run before testing, so that "-ft" variants share one program.
+FT_EPOCHS = "ft_epochs"
 
 
 @struct.dataclass

@@ -6,6 +6,16 @@ separately. Each body layer keeps its params directly under one name, and the na
 network order (conv1, conv2, ..., fc1, fc2, ...; embed, lstm1, lstm2), so that
 `params.layers` lists the layers in order. The CIFAR, MLP and Sent140 LSTM architectures
 follow FedRep's authors' code.
+
+Precision (`make_model(..., precision=...)`, the recipes' `precision` setting): 'float32'
+(the default) computes everything in float32. 'bf16' is mixed precision through flax's
+`dtype` (the computation dtype; `param_dtype` stays float32): every layer casts its inputs
+and its float32 params to bfloat16, so the convs, matmuls, activations and pools of the
+forward pass -- and, by differentiation, of the backward pass -- run in bfloat16; the
+embedding is looked up in float32 and its rows cast; the LSTM's recurrent state (c, h) stays
+float32, as flax's LSTMCell keeps its carry in param_dtype. The Classifier's outputs
+(`features` and the logits) are cast back to float32, so the loss, the gradients with
+respect to the float32 params and the optimiser state are float32.
 """
 
 from collections.abc import Callable, Sequence
@@ -15,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.linen.dtypes import promote_dtype
 
 from fedjax_rep.nn.conv import Conv, max_pool2
 
@@ -26,7 +37,8 @@ class Body(nn.Module):
   Each entry of `convs` (images only) is a VALID kernel_size x kernel_size conv (named conv1,
   conv2, ...) followed by ReLU and a 2x2 max pool; then the example's axes are flattened and
   each entry of `fcs` is a dense layer (fc1, fc2, ...) followed by ReLU. With no convs it is
-  an MLP.
+  an MLP. `dtype` is the layers' computation dtype (None: float32, the params' dtype;
+  jnp.bfloat16: bfloat16 activations and output from float32 inputs and params).
   """
   input_dtype: ClassVar[Any] = jnp.float32
   convs: Sequence[int]
@@ -34,6 +46,7 @@ class Body(nn.Module):
   kernel_size: int = 5
   conv_impl: str = "auto"
   example_axes: int = 3
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -41,10 +54,11 @@ class Body(nn.Module):
       raise ValueError(f"convs need image examples (example_axes 3), not {self.example_axes}")
     k = self.kernel_size
     for i, features in enumerate(self.convs):
-      x = max_pool2(nn.relu(Conv(features, (k, k), self.conv_impl, name=f"conv{i + 1}")(x)))
+      conv = Conv(features, (k, k), self.conv_impl, self.dtype, name=f"conv{i + 1}")
+      x = max_pool2(nn.relu(conv(x)))
     x = x.reshape(*x.shape[:x.ndim - self.example_axes], -1)
     for i, features in enumerate(self.fcs):
-      x = nn.relu(nn.Dense(features, name=f"fc{i + 1}")(x))
+      x = nn.relu(nn.Dense(features, dtype=self.dtype, name=f"fc{i + 1}")(x))
     return x
 
 
@@ -61,9 +75,12 @@ class LSTM(nn.Module):
   zero state. Same cell and init as flax's `nn.LSTMCell` (gates i, f, g, o), but its params
   are three arrays directly under the layer's name -- kernel_i [E, 4H], kernel_h [H, 4H],
   bias [4H] -- so that the layer is one entry of `params.layers`. The input projection of
-  all steps is one matmul before the recurrence.
+  all steps is one matmul before the recurrence. `dtype` is the computation dtype of the
+  matmuls and gates (None: float32); the params and the recurrent state (c, h), and so the
+  output, stay float32, as in flax's LSTMCell with `dtype` set.
   """
   features: int
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -71,16 +88,21 @@ class LSTM(nn.Module):
     kernel_i = self.param("kernel_i", nn.initializers.lecun_normal(), (x.shape[-1], 4 * hidden))
     kernel_h = self.param("kernel_h", _stacked_orthogonal, (hidden, 4 * hidden))
     bias = self.param("bias", nn.initializers.zeros_init(), (4 * hidden,))
+    state_dtype = kernel_h.dtype  # float32, the params' dtype
+    if self.dtype is not None:
+      x, kernel_i, kernel_h, bias = promote_dtype(x, kernel_i, kernel_h, bias, dtype=self.dtype)
 
     def step(carry, gates_x):
       c, h = carry
+      if self.dtype is not None:
+        h = h.astype(self.dtype)
       i, f, g, o = jnp.split(gates_x + h @ kernel_h, 4, axis=-1)
       c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
       h = nn.sigmoid(o) * jnp.tanh(c)
       return (c, h), h
 
     gates_x = jnp.moveaxis(x @ kernel_i + bias, -2, 0)  # [L, ..., 4H]
-    zeros = jnp.zeros((*x.shape[:-2], hidden), gates_x.dtype)
+    zeros = jnp.zeros((*x.shape[:-2], hidden), state_dtype)
     _, hs = jax.lax.scan(step, (zeros, zeros), gates_x)
     return jnp.moveaxis(hs, 0, -2)
 
@@ -93,13 +115,16 @@ class LSTMBody(nn.Module):
 
   Token 0 is padding and sequences are right-padded: a sequence's length is 1 + the index of
   its last nonzero token, and its features do not depend on anything after it. A sequence of
-  padding only has zero features. Inputs of any dtype are cast to int32.
+  padding only has zero features. Inputs of any dtype are cast to int32. `dtype` is the
+  computation dtype (None: float32): the float32 embedding's rows are cast to it and the
+  LSTM layers compute in it (their state and output stay float32, see `LSTM`).
   """
   input_dtype: ClassVar[Any] = jnp.int32
   vocab_size: int
   embed_dim: int = 50
   lstms: Sequence[int] = (100, 100)
   embed_init: Callable[..., jax.Array] = nn.linear.default_embed_init
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -108,8 +133,10 @@ class LSTMBody(nn.Module):
     lengths = jnp.max(jnp.where(tokens != 0, positions, 0), axis=-1)  # [...]
     h = nn.Embed(self.vocab_size, self.embed_dim, embedding_init=self.embed_init,
                  name="embed")(tokens)
+    if self.dtype is not None:
+      h = h.astype(self.dtype)  # gathered in float32: the table's gradient sums in float32
     for i, features in enumerate(self.lstms):
-      h = LSTM(features, name=f"lstm{i + 1}")(h)
+      h = LSTM(features, self.dtype, name=f"lstm{i + 1}")(h)
     last = jnp.take_along_axis(h, jnp.maximum(lengths - 1, 0)[..., None, None], axis=-2)
     return jnp.where(lengths[..., None] > 0, last[..., 0, :], 0.0)
 
@@ -119,13 +146,19 @@ class Classifier(nn.Module):
 
   Use `method=model.features` for the body output h [..., F] and `method=model.logits` to
   apply the head to given features; training dropout draws from the 'dropout' rng stream.
+
+  `dtype` is the head's computation dtype (None: float32; `make_model` gives the body the
+  same). Whatever it is, the params are float32 and `features` and the logits are returned
+  in float32: with jnp.bfloat16 the body and head compute in bfloat16 and their outputs
+  are cast up, so losses and their gradients with respect to the params are float32.
   """
   body: nn.Module
   num_classes: int
   dropout: float = 0.0
+  dtype: Any = None
 
   def setup(self):
-    self.head = nn.Dense(self.num_classes)
+    self.head = nn.Dense(self.num_classes, dtype=self.dtype)
     self.drop = nn.Dropout(self.dropout)
 
   @property
@@ -138,12 +171,17 @@ class Classifier(nn.Module):
     return self.logits(self.features(x), train)
 
   def features(self, x: jax.Array) -> jax.Array:
-    """Body output [..., F] of inputs x [..., *example] (deterministic)."""
-    return self.body(x)
+    """Body output [..., F] (float32) of inputs x [..., *example] (deterministic)."""
+    return self._float32(self.body(x))
 
   def logits(self, h: jax.Array, train: bool = False) -> jax.Array:
-    """Head output [..., num_classes] of features h [..., F], with dropout on h if train."""
-    return self.head(self.drop(h, deterministic=not train))
+    """Head output [..., num_classes] (float32) of features h [..., F], with dropout on h if
+    train."""
+    return self._float32(self.head(self.drop(h, deterministic=not train)))
+
+  def _float32(self, y: jax.Array) -> jax.Array:
+    """y cast to float32 where this model computes in another dtype (else y unchanged)."""
+    return y if self.dtype is None else y.astype(jnp.float32)
 
 
 # name -> (body class, its fields, default num_classes, dropout rate before the head)
@@ -168,6 +206,10 @@ MODELS: dict[str, str] = {
     "sent140-lstm": ("token ids [L] (Sent140, 0 = padding): embed 50 (or GloVe), "
                      "LSTM 100, LSTM 100, last real token, head 100->2"),
 }
+
+
+PRECISIONS: dict[str, Any] = {"float32": None, "bf16": jnp.bfloat16}
+"""`make_model`'s precisions -> the modules' computation dtype (None: float32 throughout)."""
 
 
 def _table_init(table: np.ndarray) -> Callable[..., jax.Array]:
@@ -198,7 +240,8 @@ def _token_fields(vocab_size: int | None, embeddings) -> dict:
 
 
 def make_model(name: str, num_classes: int | None = None, conv_impl: str = "auto", *,
-               vocab_size: int | None = None, embeddings=None) -> Classifier:
+               vocab_size: int | None = None, embeddings=None,
+               precision: str = "float32") -> Classifier:
   """The `Classifier` registered as `name`.
 
   Args:
@@ -208,23 +251,31 @@ def make_model(name: str, num_classes: int | None = None, conv_impl: str = "auto
     vocab_size: the token ids' range (sent140-lstm; required unless embeddings give it).
     embeddings: None (random, dimension 50) or a pretrained table [vocab_size, E] (e.g.
       GloVe) that initialises the (trainable) embedding of sent140-lstm.
+    precision: 'float32' (everything in float32) or 'bf16' (mixed precision: the forward
+      and backward passes of the body and head in bfloat16; params, gradients, logits and
+      features in float32; see the module docstring).
 
   Returns:
     The Classifier (a flax module).
 
   Raises:
-    ValueError: an unknown model, or token options for a model without tokens.
+    ValueError: an unknown model or precision, or token options for a model without tokens.
   """
   if name not in _SPECS:
     raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
+  if precision not in PRECISIONS:
+    raise ValueError(f"unknown precision {precision!r}; expected one of "
+                     f"{', '.join(PRECISIONS)}")
+  dtype = PRECISIONS[precision]
   body_cls, fields, default_classes, dropout = _SPECS[name]
   if body_cls is LSTMBody:
-    body = LSTMBody(**{**fields, **_token_fields(vocab_size, embeddings)})
+    body = LSTMBody(**{**fields, **_token_fields(vocab_size, embeddings)}, dtype=dtype)
   elif vocab_size is not None or embeddings is not None:
     raise ValueError(f"vocab_size and embeddings are options of token models, not of {name!r}")
   else:
-    body = Body(**fields, conv_impl=conv_impl)
-  return Classifier(body, default_classes if num_classes is None else num_classes, dropout)
+    body = Body(**fields, conv_impl=conv_impl, dtype=dtype)
+  return Classifier(body, default_classes if num_classes is None else num_classes, dropout,
+                    dtype)
 
 
 def init_params(model: Classifier, key: jax.Array, input_shape: Sequence[int], dtype=None):

@@ -62,7 +62,8 @@ def sgd_step(grad_fn: Callable, tx: optax.GradientTransformation, params, opt_st
 
 
 def sgd_epochs(loss_fn: Callable, params, x: jax.Array, y: jax.Array, count: jax.Array,
-               key: jax.Array, hparams: NNHparams, *, epochs: int, batch_size: int):
+               key: jax.Array, hparams: NNHparams, *, epochs: int, batch_size: int,
+               active: jax.Array | None = None, trainable=None):
   """`epochs` epochs of minibatch SGD on one client's data; returns (params, mean loss).
 
   loss_fn(params, x_batch [b, ...], y_batch [b], weights [b], key) -> the weighted mean
@@ -70,13 +71,26 @@ def sgd_epochs(loss_fn: Callable, params, x: jax.Array, y: jax.Array, count: jax
   (dropout). x [m, ...], y [m] with `count` real rows. The optimiser state starts afresh
   at every call (as a client's optimiser is created each round in FedRep's code). The mean
   loss is over the steps that have real rows (0 with no epochs).
+
+  Traced variants of the same training, for one program that serves several algorithms:
+  `active` (int []; None: `epochs`) runs only the first `active` of the `epochs` epochs
+  (the others are skipped: the epoch keys are those of `active` epochs, as `split` keys
+  are prefixes of each other); `trainable` (a pytree of bool [] like params; None: all)
+  keeps the leaves where it is False at their value (frozen).
   """
   size = x.shape[0]
   steps = math.ceil(size / batch_size)
   tx = optimizer(hparams)
   grad_fn = jax.value_and_grad(loss_fn)
 
-  def epoch(carry, epoch_key):
+  def epoch(carry, inputs):
+    index, epoch_key = inputs
+    if active is None:
+      return run_epoch(carry, epoch_key), None
+    return jax.lax.cond(index < active, run_epoch, lambda carry, _: carry, carry,
+                        epoch_key), None
+
+  def run_epoch(carry, epoch_key):
     key_order, key_steps = jax.random.split(epoch_key)
     order = jnp.pad(epoch_order(key_order, count, size), (0, steps * batch_size - size))
 
@@ -87,17 +101,20 @@ def sgd_epochs(loss_fn: Callable, params, x: jax.Array, y: jax.Array, count: jax
       weights = ((start + jnp.arange(batch_size)) < count).astype(jnp.float32)
       loss, new_params, new_opt_state = sgd_step(grad_fn, tx, params, opt_state, x[rows],
                                                  y[rows], weights, step_key)
+      if trainable is not None:
+        new_params = jax.tree.map(jnp.where, trainable, new_params, params)
       real = start < count
       params, opt_state = otu.tree_where(real, (new_params, new_opt_state),
                                          (params, opt_state))
       return (params, opt_state, total + jnp.where(real, loss, 0.0)), None
 
     starts = jnp.arange(steps) * batch_size
-    return jax.lax.scan(step, carry, (starts, jax.random.split(key_steps, steps)))[0], None
+    return jax.lax.scan(step, carry, (starts, jax.random.split(key_steps, steps)))[0]
 
   carry = (params, tx.init(params), jnp.float32(0.0))
-  params, _, total = jax.lax.scan(epoch, carry, jax.random.split(key, epochs))[0]
-  real_steps = epochs * jnp.ceil(count / batch_size)
+  params, _, total = jax.lax.scan(epoch, carry, (jnp.arange(epochs),
+                                                 jax.random.split(key, epochs)))[0]
+  real_steps = (epochs if active is None else active) * jnp.ceil(count / batch_size)
   return params, total / jnp.maximum(real_steps, 1.0)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import partition as partition_lib
+from fedjax_rep.nn import family
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import registry as nn_registry
@@ -66,6 +67,12 @@ def client_group(default=10):
                           "another: memory vs speed)", default)
 
 
+def precision(default="float32"):
+  return cfg.choice("the neural forward and backward passes in float32, or in bfloat16 "
+                    "(bf16: mixed precision; the params, gradients and optimiser state stay "
+                    "float32)", default, ("float32", "bf16"))
+
+
 def algorithms(default=ALGORITHMS):
   """The algorithms to compare: any of the neural registry's (default: ALGORITHMS)."""
   return cfg.choice("algorithms to compare", default, tuple(nn_registry.ALGORITHMS),
@@ -89,6 +96,7 @@ class Training:
   eval_every: int = eval_every()
   seed: int = cfg.seed()
   client_group: int = client_group()
+  precision: str = precision()
 
 
 def hparams(config) -> hparams_lib.NNHparams:
@@ -118,16 +126,24 @@ def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_e
   return unit(unit_name, compute)
 
 
-def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress):
-  """`trained_unit` of algorithm `name` (its structure and options from `config`,
-  num_clients clients) for config.rounds rounds."""
+def algorithm(name, config, model, num_clients):
+  """Algorithm `name` with its structure and options from `config`, for num_clients clients."""
   options = {k: getattr(config, k) for k in nn_registry.OPTIONS if hasattr(config, k)}
-  algorithm = nn_registry.make_algorithm(
+  return nn_registry.make_algorithm(
       name, model=model, cohort=cohort_size(num_clients, config.participation),
       local_epochs=config.local_epochs, head_epochs=config.head_epochs,
       batch_size=config.batch_size, client_group=config.client_group,
       ft_epochs=config.head_epochs, **options)
-  return trained_unit(unit, unit_name, algorithm, data, hparams(config), keys, config.rounds,
+
+
+def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress):
+  """`trained_unit` of algorithm `name` (`algorithm`) for config.rounds rounds; run by the
+  program that it shares with the other members of `nn.family` in config.algorithms, when
+  there are any (one compilation for all of them)."""
+  peers = [algorithm(n, config, model, num_clients) for n in getattr(config, "algorithms", ())]
+  program, program_hparams = family.program(algorithm(name, config, model, num_clients),
+                                            hparams(config), peers, data.x[0, 0, 0])
+  return trained_unit(unit, unit_name, program, data, program_hparams, keys, config.rounds,
                       config.eval_every, progress)
 
 

@@ -59,7 +59,7 @@ def data(config: Config, seed_values):
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   seed_values = list(range(config.seed, config.seed + seeds))
   datasets = data(config, seed_values)
-  model = models.make_model(config.model, digits.NUM_CLASSES)
+  model = models.make_model(config.model, digits.NUM_CLASSES, precision=config.precision)
   rows = []
   for name in config.algorithms:
     result = common.trained(unit, name, name, config, model, datasets,

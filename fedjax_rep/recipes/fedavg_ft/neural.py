@@ -73,6 +73,7 @@ class Config:
   weight_decay: float = common.weight_decay()
   eval_every: int = common.eval_every(10)
   client_group: int = common.client_group()
+  precision: str = common.precision()
   finetune_samples: tuple = cfg.positive_int(
       "training samples k of each unseen class per new client (x-axis)", (1, 2, 5, 10, 20),
       sequence=True)
@@ -158,7 +159,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   clients, probes, new = zip(*[seed_data(config, s) for s in seed_values])
   clients, new = federated.stack(list(clients)), tree.stack(new)
   probe_x, probe_y = (jnp.stack(a) for a in zip(*probes))
-  model = models.make_model(config.model, digits.NUM_CLASSES)
+  model = models.make_model(config.model, digits.NUM_CLASSES, precision=config.precision)
   cohort = cohort_size(config.num_clients, config.participation)
   keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data
   rows, finals = [], []

@@ -100,7 +100,7 @@ def cifar_run(config: CifarConfig, seeds, unit, progress=True) -> list[dict]:
   name = DATASET_OF[type(config)]
   arrays = tfds_data.load(name, mock_examples=config.mock_examples
                           if config.source == "mock" else None)
-  model = models.make_model(f"{name}-cnn")
+  model = models.make_model(f"{name}-cnn", precision=config.precision)
   return table1.shard_run(config, seeds, unit, progress, arrays, model)
 
 
@@ -117,7 +117,8 @@ def femnist_run(config: FemnistConfig, seeds, unit, progress=True) -> list[dict]
     arrays = leaf.femnist_letters(max(config.num_clients) * config.samples_per_client,
                                   config.seed, directory)
   return table1.shard_run(config, seeds, unit, progress, arrays,
-                          models.make_model("mlp", len(leaf.FEMNIST_LETTERS)))
+                          models.make_model("mlp", len(leaf.FEMNIST_LETTERS),
+                                            precision=config.precision))
 
 
 def sent140_run(config: Sent140Config, seeds, unit, progress=True) -> list[dict]:
@@ -132,7 +133,8 @@ def sent140_run(config: Sent140Config, seeds, unit, progress=True) -> list[dict]
     data, vocab_size, embeddings = leaf.sent140_natural(
         config.num_clients, config.seed, config.max_len, config.vocab_size,
         glove_path=glove_path if use_glove else None, directory=directory)
-  model = models.make_model("sent140-lstm", 2, vocab_size=vocab_size, embeddings=embeddings)
+  model = models.make_model("sent140-lstm", 2, vocab_size=vocab_size, embeddings=embeddings,
+                             precision=config.precision)
   return table1.run(config, seeds, unit, progress, sent140_settings(config),
                     lambda setting, seed: data, model)
 
@@ -163,7 +165,7 @@ _register("cifar10", "CIFAR-10", Cifar10Config, cifar_run, table1.shard_settings
           "(tfds files)")
 _register("cifar100", "CIFAR-100", Cifar100Config, cifar_run, table1.shard_settings,
           {**_QUICK_SHARDS, "num_clients": (10, 10), "classes_per_client": (5, 20),
-           "mock_examples": 2000},
+           "mock_examples": 1000},
           "FedRep Table 1, CIFAR-100 (n, S) = (100, 5), (100, 20): all algorithms (tfds files)")
 _register("femnist", "FEMNIST (10 letters)", FemnistConfig, femnist_run, table1.shard_settings,
           {**_QUICK_SHARDS, "num_clients": (10,), "samples_per_client": 20,

@@ -98,11 +98,11 @@ def settings(config: Config) -> list[dict]:
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   if config.dataset == "digits":
     x, y, x_test, y_test = digits.load(config.seed)
-    model = models.make_model("digits-mlp", digits.NUM_CLASSES)
+    model = models.make_model("digits-mlp", digits.NUM_CLASSES, precision=config.precision)
   else:
     x, y, x_test, y_test = tfds_data.load(
         config.dataset, mock_examples=config.mock_examples if config.source == "mock" else None)
-    model = models.make_model(f"{config.dataset}-cnn")
+    model = models.make_model(f"{config.dataset}-cnn", precision=config.precision)
   return table1.shard_run(config, seeds, unit, progress, (x, y, x_test, y_test), model)
 
 

@@ -186,7 +186,7 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
   n0 = max(1, round(config.n0_fraction * cohort))
   schedules = {True: timed.srpfl_participants(cohort, n0, config.rounds, config.stage_rounds),
                False: timed.fixed_participants(cohort, cohort, config.rounds)}
-  model = models.make_model(s["model"], s["classes"])
+  model = models.make_model(s["model"], s["classes"], precision=config.precision)
   inner_hparams = hparams_lib.hparams(s["lr"], config.momentum, config.weight_decay)
   per_seed = lambda tree: jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], seeds, 0), tree)
   keys = common.run_keys(seed_values)

@@ -103,5 +103,6 @@ RECIPE = register(Recipe(
     name="srpfl-speedup",
     summary="SRPFL: simulated time to the target distance vs N in {100, 1000, 10000}, SRPFL vs "
             "FedRep, against Theorem 4.6",
-    config=Config, quick={"rounds": 300, "floor_rounds": 60}, run=run, plot=plot,
+    config=Config, quick={"rounds": 300, "floor_rounds": 60, "num_clients": (100, 1000)},
+    run=run, plot=plot,
     default_seeds=10))

@@ -1,0 +1,87 @@
+"""Every recipe's `fedjax-rep run RECIPE --quick` as a first run: wall time, compiling, programs.
+
+  python benchmarks/quick_recipes.py                          # every recipe, one run each
+  python benchmarks/quick_recipes.py digits-personalized table1-synthetic --baseline f9f733c
+  python benchmarks/quick_recipes.py --json quick.json
+
+Each recipe runs once in a new process with `--no-compile-cache` (every program traced and
+compiled, as in a first run with an empty cache), timed whole, interpreter start included
+(`recipe_time.run_seconds`). The table has its wall time, its compiling (tracing + lowering
++ XLA, from JAX's monitoring events: `recipe_time.compilation`) and that share of its wall
+time, the number of programs compiled, and the load average just before it. With
+`--baseline REV`, the package at git revision REV (`recipe_time.extract`) runs each recipe
+right after this code does, in the same sitting; its columns follow, and the time of this
+code over the baseline's. A run that fails is reported with its exit status (its own
+message goes to stderr).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import recipe_time  # benchmarks/ is the script's directory
+
+
+def recipe_names() -> list[str]:
+  """The registered recipes, in `fedjax-rep list`'s order."""
+  from fedjax_rep.recipes import registry
+  return list(registry.all_recipes())
+
+
+def first_run(recipe: str, work: str, package: str | None = None) -> dict:
+  """{seconds, compiling, share, programs, error} of one `RECIPE --quick --no-compile-cache`
+  run in a new directory under `work`, by the installed package or the one in the
+  directory `package`; error: None, or the exit status of a run that failed (its seconds
+  NaN; its own error message went to stderr)."""
+  out = tempfile.mkdtemp(dir=work, prefix=f"{recipe}-")
+  try:
+    seconds, events = recipe_time.run_seconds([recipe, "--quick"], out, package=package)
+    error = None
+  except subprocess.CalledProcessError as failure:  # its error went to this stderr
+    seconds, events, error = float("nan"), [], f"exit status {failure.returncode}"
+  totals = recipe_time.compilation_totals(recipe_time.compilation(events))
+  return {"seconds": seconds, "compiling": totals["compiling"],
+          "share": totals["compiling"] / seconds, "programs": totals["compiled"],
+          "error": error}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("recipes", nargs="*", help="default: every recipe")
+  parser.add_argument("--baseline", metavar="REV",
+                      help="also run each recipe by the package at this git revision")
+  parser.add_argument("--json", help="write the rows to this file")
+  args = parser.parse_args()
+  names = args.recipes or recipe_names()
+  rows = []
+  header = f"{'recipe':<24} {'load':>5} {'s':>7} {'compiling':>9} {'share':>6} {'programs':>8}"
+  if args.baseline:
+    header += f" | {'base s':>7} {'base comp.':>10} {'share':>6} {'programs':>8} {'ratio':>6}"
+  print(header, flush=True)
+  with tempfile.TemporaryDirectory() as work:
+    baseline = None if args.baseline is None else recipe_time.extract(args.baseline, work)
+    for name in names:
+      row = {"recipe": name, "load": os.getloadavg()[0], **first_run(name, work)}
+      line = (f"{name:<24} {row['load']:5.2f} {row['seconds']:7.1f} {row['compiling']:9.1f} "
+              f"{100 * row['share']:5.0f}% {row['programs']:8d}")
+      if baseline is not None:
+        base = first_run(name, work, baseline)
+        row.update({f"baseline {k}": v for k, v in base.items()},
+                   baseline=args.baseline, ratio=row["seconds"] / base["seconds"])
+        line += (f" | {base['seconds']:7.1f} {base['compiling']:10.1f} "
+                 f"{100 * base['share']:5.0f}% {base['programs']:8d} {row['ratio']:6.2f}")
+      print(line, flush=True)
+      for error in (row["error"], row.get("baseline error")):
+        if error:
+          print(f"  {name}: {error}", flush=True)
+      rows.append(row)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,162 @@
+"""One traced program for neural algorithms that differ only in numbers: FedRep (and
+FedRep*), FedPer, LG-FedAvg, FedAvg, FedAvg-FT and local only; and a FedAvg variant with
+and without fine-tuning (FedProx and FedProx + FT, SCAFFOLD and SCAFFOLD + FT).
+
+The first group share the model and the local SGD. What sets them apart is which
+parameters the server averages, whether a client first trains its head alone with the body
+frozen (FedRep's head epochs) and then only its body, how many epochs each phase runs, and
+whether a client fine-tunes its head before it is tested (FedAvg-FT). `Family` runs any of
+them from a `Member`, those choices as traced masks and counts in its hparams
+(`FamilyHparams`), so that one compiled init, round chunk and evaluation serve every
+member, where each algorithm compiles its own. The "-ft" variants differ from their base
+only in the fine-tuning epochs before testing, a traced option (`hparams.FT_EPOCHS`) of
+`FedAvg.eval_params`. `program` gives the program and hparams to run an algorithm with.
+
+A `Family` state keeps the whole model twice: the server's copy (`shared`, of which the
+member's shared leaves are used) and every client's (`personal`, leaves [n, ...], of which
+the others are). A sampled client starts from the server's copy of the shared leaves and
+its own copy of the rest, trains, and sends all its leaves; the server averages all of them
+(count-weighted), and each client keeps all of its own. The numbers are those of the
+member's own algorithm, with the same keys and steps (to float32 round-off: the programs
+differ).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_rep.core import struct
+from fedjax_rep.nn import params as params_lib
+from fedjax_rep.nn.algorithm import Personalized
+from fedjax_rep.nn.fedavg import FedAvg
+from fedjax_rep.nn.fedper import FedPer
+from fedjax_rep.nn.fedprox import FedProx
+from fedjax_rep.nn.fedrep import FedRep
+from fedjax_rep.nn.hparams import FT_EPOCHS, NNHparams
+from fedjax_rep.nn.lg_fedavg import LGFedAvg
+from fedjax_rep.nn.local import Local
+from fedjax_rep.nn.scaffold import Scaffold
+
+MEMBERS = (FedRep, FedPer, LGFedAvg, FedAvg, Local)  # exactly these classes, not subclasses
+# The classes whose fine-tuning before testing is FedAvg's (`FedAvg.eval_params`).
+FINE_TUNED = (FedAvg, FedProx, Scaffold)
+# The structure every member of one program has in common (the fields of `Personalized`).
+COMMON = ("model", "cohort", "batch_size", "client_group", "cohort_groups", "devices")
+
+
+@struct.dataclass
+class Member:
+  """Which algorithm of the family runs, as traced values. shared, trained: bool [] per
+  parameter path: averaged by the server; trained in the local epochs (FedRep: the body
+  only). head_phase: bool []: FedRep's order (its key split in two, its head trained alone
+  first); head_epochs, local_epochs: int32 [], the epochs of the head phase and of the
+  local training. (The fine-tuning epochs are the option `hparams.FT_EPOCHS`.)"""
+  shared: dict
+  trained: dict
+  head_phase: jax.Array
+  head_epochs: jax.Array
+  local_epochs: jax.Array
+
+
+@struct.dataclass
+class FamilyHparams(NNHparams):
+  """`NNHparams` with the `Member` that a `Family` runs."""
+  member: Member = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Family(Personalized):
+  """The family's program (see the module docstring). local_epochs, head_epochs and
+  ft_epochs are the most epochs any member runs in each phase (0: no member has that
+  phase); its hparams must be `FamilyHparams`, with the option FT_EPOCHS where ft_epochs
+  > 0."""
+  head_epochs: int = 0
+  ft_epochs: int = 0
+  name: str = "family"
+
+  def initial_parts(self, flat):
+    return flat, flat
+
+  def client_update(self, shared, personal, x, y, count, key, hparams):
+    member = hparams.member
+    flat = jax.tree.map(jnp.where, member.shared, shared, personal)
+    key_head, key_body = jax.random.split(key)
+    key_body = jax.lax.cond(member.head_phase, lambda: key_body, lambda: key)
+    if self.head_epochs:
+      flat = self.head_trained(flat, x, y, count, key_head, hparams, self.head_epochs,
+                               member.head_epochs)
+    trained, loss = self.sgd(self.loss, flat, x, y, count, key_body, hparams,
+                             self.local_epochs, active=member.local_epochs,
+                             trainable=member.trained)
+    return trained, trained, loss
+
+  def eval_params(self, shared, personal, x, y, count, key, hparams):
+    flat = jax.tree.map(jnp.where, hparams.member.shared, shared, personal)
+    if not self.ft_epochs:
+      return flat
+    return self.head_trained(flat, x, y, count, key, hparams, self.ft_epochs,
+                             hparams.options[FT_EPOCHS])
+
+
+def member(algorithm: Personalized, flat: dict) -> Member | None:
+  """The `Member` of `algorithm` for a model whose params (or their shapes) are `flat`
+  (path -> leaf); None for an algorithm outside the family (MEMBERS)."""
+  kind = type(algorithm)
+  if kind not in MEMBERS:
+    return None
+  shared = {p: jnp.bool_(label == params_lib.SHARED)
+            for p, label in algorithm.labels(flat).items()}
+  is_fedrep = kind is FedRep
+  return Member(shared=shared,
+                trained=shared if is_fedrep else {p: jnp.bool_(True) for p in flat},
+                head_phase=jnp.bool_(is_fedrep),
+                head_epochs=jnp.int32(algorithm.head_epochs if is_fedrep else 0),
+                local_epochs=jnp.int32(algorithm.local_epochs))
+
+
+def ft_epochs(algorithm: Personalized) -> int:
+  """The epochs of head fine-tuning before testing of `algorithm` (0: none)."""
+  return algorithm.ft_epochs if isinstance(algorithm, FedAvg) else 0
+
+
+def with_ft_epochs(hparams: NNHparams, epochs: int) -> NNHparams:
+  """`hparams` with the option FT_EPOCHS set to `epochs`."""
+  return hparams.replace(options={**hparams.options, FT_EPOCHS: jnp.int32(epochs)})
+
+
+def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tuple:
+  """(program, hparams) that run `algorithm` with its own numbers, shared with the other
+  algorithms of `peers` (those a recipe runs) where they can share it:
+
+  - the `Family` and the member's `FamilyHparams`, where `algorithm` and another of peers
+    are members (MEMBERS) with the same COMMON structure;
+  - else `algorithm` with the most `ft_epochs` of the peers equal to it but for those and
+    its name (named after all of them), and the option FT_EPOCHS set to its own, where
+    it fine-tunes as FedAvg does (FINE_TUNED) and such a peer differs in ft_epochs;
+  - else `algorithm` and `hparams` unchanged.
+
+  example: one input of the data (array or shape-dtype)."""
+  sample = jax.ShapeDtypeStruct((1, *example.shape), example.dtype)
+  flat = params_lib.flatten(jax.eval_shape(algorithm.model.init, jax.random.key(0),
+                                           sample)["params"])
+  own = member(algorithm, flat)
+  common = lambda a: tuple(getattr(a, f) for f in COMMON)
+  group = [a for a in (algorithm, *peers)
+           if member(a, flat) is not None and common(a) == common(algorithm)]
+  if own is not None and len({(type(a), a.name) for a in group}) > 1:
+    family = Family(**dict(zip(COMMON, common(algorithm))),
+                    local_epochs=max(a.local_epochs for a in group),
+                    head_epochs=max([a.head_epochs for a in group if type(a) is FedRep] or [0]),
+                    ft_epochs=max(map(ft_epochs, group)))
+    fields = {f.name: getattr(hparams, f.name) for f in dataclasses.fields(NNHparams)}
+    return family, with_ft_epochs(FamilyHparams(**fields, member=own), ft_epochs(algorithm))
+  bare = lambda a: dataclasses.replace(a, ft_epochs=0, name="")
+  variants = [a for a in (algorithm, *peers) if type(algorithm) in FINE_TUNED
+              and type(a) is type(algorithm) and bare(a) == bare(algorithm)]
+  if len({a.ft_epochs for a in variants}) > 1:
+    shared_program = dataclasses.replace(
+        algorithm, ft_epochs=max(a.ft_epochs for a in variants),
+        name="+".join(sorted({a.name for a in variants})))
+    return shared_program, with_ft_epochs(hparams, algorithm.ft_epochs)
+  return algorithm, hparams
