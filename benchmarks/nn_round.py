@@ -91,12 +91,13 @@ def forward_flops(model, input_shape) -> int:
 
 class VmapRound:
   """This engine's round: `jax.jit(alg.round)` of FedAvg over all clients of `data` in client
-  groups of `group`, compiled ahead of time; initial params from `key_init`, round key
-  `key`. Calling it returns the averaged params."""
+  groups of `group` (or of the algorithm `alg`, when given), compiled ahead of time; initial
+  params from `key_init`, round key `key`. Calling it returns the averaged params."""
 
-  def __init__(self, model, data, hparams, key_init, key, group):
-    self.alg = make_algorithm("fedavg", model=model, cohort=data.num_clients, local_epochs=1,
-                              batch_size=BATCH, client_group=group)
+  def __init__(self, model, data, hparams, key_init, key, group, alg=None):
+    self.alg = alg if alg is not None else make_algorithm(
+        "fedavg", model=model, cohort=data.num_clients, local_epochs=1, batch_size=BATCH,
+        client_group=group)
     state = jax.block_until_ready(self.alg.init(key_init, data, hparams))
     self.args = (state, key, data, hparams)
     start = time.perf_counter()
@@ -193,10 +194,9 @@ def interleaved_seconds(impls, calls):
   return [(*min(t), [wall for wall, _ in t]) for t in times]
 
 
-def matmul_gflops(repeats=5):
-  """float32 matmul rate (GFLOP/s) of a jitted 2048 x 2048 @ 2048 x 2048, best of several
+def matmul_gflops(repeats=5, size=2048):
+  """float32 matmul rate (GFLOP/s) of a jitted [size, size] @ [size, size], best of several
   batches of calls lasting >= 0.2 s each."""
-  size = 2048
   a = jax.random.normal(jax.random.key(0), (size, size))
   matmul = jax.jit(lambda a, b: a @ b)
   matmul(a, a).block_until_ready()

@@ -11,13 +11,15 @@ compiled, as in a first run with an empty cache), timed whole, interpreter start
 time, the number of programs compiled, and the load average just before it. With
 `--baseline REV`, the package at git revision REV (`recipe_time.extract`) runs each recipe
 right after this code does, in the same sitting; its columns follow, and the time of this
-code over the baseline's. A run that fails is reported with its exit status (its own
+code over the baseline's. `--keep DIR` keeps each run's metrics.csv, config.json and
+figure in DIR/RECIPE. A run that fails is reported with its exit status (its own
 message goes to stderr).
 """
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,8 +34,9 @@ def recipe_names() -> list[str]:
 
 
 def first_run(recipe: str, work: str, package: str | None = None) -> dict:
-  """{seconds, compiling, share, programs, error} of one `RECIPE --quick --no-compile-cache`
-  run in a new directory under `work`, by the installed package or the one in the
+  """{seconds, compiling, share, programs, error, out} of one `RECIPE --quick
+  --no-compile-cache` run in a new directory `out` under `work`, by the installed package or
+  the one in the
   directory `package`; error: None, or the exit status of a run that failed (its seconds
   NaN; its own error message went to stderr)."""
   out = tempfile.mkdtemp(dir=work, prefix=f"{recipe}-")
@@ -45,7 +48,7 @@ def first_run(recipe: str, work: str, package: str | None = None) -> dict:
   totals = recipe_time.compilation_totals(recipe_time.compilation(events))
   return {"seconds": seconds, "compiling": totals["compiling"],
           "share": totals["compiling"] / seconds, "programs": totals["compiled"],
-          "error": error}
+          "error": error, "out": out}
 
 
 def main():
@@ -54,6 +57,8 @@ def main():
   parser.add_argument("--baseline", metavar="REV",
                       help="also run each recipe by the package at this git revision")
   parser.add_argument("--json", help="write the rows to this file")
+  parser.add_argument("--keep", metavar="DIR",
+                      help="keep each run's outputs (this code's) in DIR/RECIPE")
   args = parser.parse_args()
   names = args.recipes or recipe_names()
   rows = []
@@ -65,6 +70,8 @@ def main():
     baseline = None if args.baseline is None else recipe_time.extract(args.baseline, work)
     for name in names:
       row = {"recipe": name, "load": os.getloadavg()[0], **first_run(name, work)}
+      if args.keep:
+        shutil.copytree(row["out"], os.path.join(args.keep, name), dirs_exist_ok=True)
       line = (f"{name:<24} {row['load']:5.2f} {row['seconds']:7.1f} {row['compiling']:9.1f} "
               f"{100 * row['share']:5.0f}% {row['programs']:8d}")
       if baseline is not None:

@@ -1,6 +1,6 @@
 """`nn.family`: one program runs FedRep, FedRep*, FedPer, LG-FedAvg, FedAvg, FedAvg-FT and
 local only with each one's own numbers, and compiles once for all of them; FedProx and
-SCAFFOLD share one with their "+ FT" variants."""
+SCAFFOLD share one with their "+ FT" variants, FLUTE with FLUTE*."""
 
 import jax
 import numpy as np
@@ -83,13 +83,15 @@ def test_an_algorithm_outside_the_family_or_alone_keeps_its_own_program():
   assert family.program(fedrep, HP, [fedrep, other_model], example) == (fedrep, HP)
 
 
-@pytest.mark.parametrize("base", ["fedprox", "scaffold"])
-def test_a_variant_with_and_without_fine_tuning_shares_one_program(base):
+@pytest.mark.parametrize("base,variant,field,most", [("fedprox", "fedprox-ft", "ft_epochs", 2),
+                                                     ("scaffold", "scaffold-ft", "ft_epochs", 2),
+                                                     ("flute", "flute-star", "head_epochs", 10)])
+def test_variants_that_differ_in_traced_epochs_share_one_program(base, variant, field, most):
   data = small_data()
-  peers = [make(base), make(f"{base}-ft")]
+  peers = [make(base), make(variant)]
   made = [family.program(a, HP, peers, data.x[0, 0]) for a in peers]
-  assert made[0][0] == made[1][0] and made[0][0].ft_epochs == 2
-  assert made[0][0].name == f"{base}+{base}-ft"
+  assert made[0][0] == made[1][0] and getattr(made[0][0], field) == most
+  assert made[0][0].name == f"{base}+{variant}"
   key = jax.random.key(5)
   for algorithm, (program, hparams) in zip(peers, made):
     own = fr.run(algorithm, data, HP, key, 2, eval_every=1, progress=False)

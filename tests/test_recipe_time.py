@@ -1,8 +1,10 @@
 """benchmarks/recipe_time.py's compilation breakdown: JAX's event names, and which program a
 trace, a lowering and an XLA compilation are counted for."""
 
+import importlib
 import importlib.util
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -46,3 +48,21 @@ def test_jax_reports_the_events_the_breakdown_reads():
   probe = recipe_time.compilation(events)["jit(breakdown_probe)"]
   assert probe["lowered"] == probe["compiled"] == 1
   assert probe["trace"] > 0 and probe["lower"] > 0 and probe["xla"] > 0
+
+
+@pytest.mark.slow
+def test_quick_recipes_times_a_first_run_and_counts_its_compiled_programs(tmp_path):
+  """benchmarks/quick_recipes.py's run of one recipe: its seconds, its compiling (a share of
+  them) and its programs, from a real `fedjax-rep run RECIPE --quick --no-compile-cache`."""
+  benchmarks = os.path.dirname(_PATH)
+  sys.path.insert(0, benchmarks)  # quick_recipes imports its neighbour recipe_time
+  try:
+    quick_recipes = importlib.import_module("quick_recipes")
+  finally:
+    sys.path.remove(benchmarks)
+  row = quick_recipes.first_run("fedrep-fig3", str(tmp_path))
+  assert row["error"] is None and row["seconds"] > 0 and row["programs"] > 0
+  assert 0 < row["compiling"] < row["seconds"] and row["share"] == pytest.approx(
+      row["compiling"] / row["seconds"])
+  assert os.path.exists(os.path.join(row["out"], "metrics.csv"))
+  assert "fedrep-fig3" in quick_recipes.recipe_names()

@@ -1,6 +1,7 @@
 """One traced program for neural algorithms that differ only in numbers: FedRep (and
 FedRep*), FedPer, LG-FedAvg, FedAvg, FedAvg-FT and local only; and a FedAvg variant with
-and without fine-tuning (FedProx and FedProx + FT, SCAFFOLD and SCAFFOLD + FT).
+and without fine-tuning (FedProx and FedProx + FT, SCAFFOLD and SCAFFOLD + FT); FLUTE
+and FLUTE*.
 
 The first group share the model and the local SGD. What sets them apart is which
 parameters the server averages, whether a client first trains its head alone with the body
@@ -9,8 +10,9 @@ whether a client fine-tunes its head before it is tested (FedAvg-FT). `Family` r
 them from a `Member`, those choices as traced masks and counts in its hparams
 (`FamilyHparams`), so that one compiled init, round chunk and evaluation serve every
 member, where each algorithm compiles its own. The "-ft" variants differ from their base
-only in the fine-tuning epochs before testing, a traced option (`hparams.FT_EPOCHS`) of
-`FedAvg.eval_params`. `program` gives the program and hparams to run an algorithm with.
+only in the fine-tuning epochs before testing, and FLUTE* from FLUTE only in its head
+epochs: counts that those algorithms also read as traced options (`hparams.FT_EPOCHS`,
+`hparams.HEAD_EPOCHS`). `program` gives the program and hparams to run an algorithm with.
 
 A `Family` state keeps the whole model twice: the server's copy (`shared`, of which the
 member's shared leaves are used) and every client's (`personal`, leaves [n, ...], of which
@@ -33,14 +35,17 @@ from fedjax_rep.nn.fedavg import FedAvg
 from fedjax_rep.nn.fedper import FedPer
 from fedjax_rep.nn.fedprox import FedProx
 from fedjax_rep.nn.fedrep import FedRep
-from fedjax_rep.nn.hparams import FT_EPOCHS, NNHparams
+from fedjax_rep.nn.flute import Flute
+from fedjax_rep.nn.hparams import FT_EPOCHS, HEAD_EPOCHS, NNHparams
 from fedjax_rep.nn.lg_fedavg import LGFedAvg
 from fedjax_rep.nn.local import Local
 from fedjax_rep.nn.scaffold import Scaffold
 
 MEMBERS = (FedRep, FedPer, LGFedAvg, FedAvg, Local)  # exactly these classes, not subclasses
-# The classes whose fine-tuning before testing is FedAvg's (`FedAvg.eval_params`).
-FINE_TUNED = (FedAvg, FedProx, Scaffold)
+# The classes that read one epoch count (a field) also as a traced option of that name
+# (`hparams.FT_EPOCHS`, `hparams.HEAD_EPOCHS`): how many of those epochs run.
+TRACED_EPOCHS = {FedAvg: FT_EPOCHS, FedProx: FT_EPOCHS, Scaffold: FT_EPOCHS,
+                 Flute: HEAD_EPOCHS}
 # The structure every member of one program has in common (the fields of `Personalized`).
 COMMON = ("model", "cohort", "batch_size", "client_group", "cohort_groups", "devices")
 
@@ -120,9 +125,9 @@ def ft_epochs(algorithm: Personalized) -> int:
   return algorithm.ft_epochs if isinstance(algorithm, FedAvg) else 0
 
 
-def with_ft_epochs(hparams: NNHparams, epochs: int) -> NNHparams:
-  """`hparams` with the option FT_EPOCHS set to `epochs`."""
-  return hparams.replace(options={**hparams.options, FT_EPOCHS: jnp.int32(epochs)})
+def with_epochs(hparams: NNHparams, option: str, epochs: int) -> NNHparams:
+  """`hparams` with the option `option` (an epoch count) set to `epochs`."""
+  return hparams.replace(options={**hparams.options, option: jnp.int32(epochs)})
 
 
 def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tuple:
@@ -131,9 +136,10 @@ def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tupl
 
   - the `Family` and the member's `FamilyHparams`, where `algorithm` and another of peers
     are members (MEMBERS) with the same COMMON structure;
-  - else `algorithm` with the most `ft_epochs` of the peers equal to it but for those and
-    its name (named after all of them), and the option FT_EPOCHS set to its own, where
-    it fine-tunes as FedAvg does (FINE_TUNED) and such a peer differs in ft_epochs;
+  - else, where `algorithm`'s class reads an epoch count as a traced option
+    (TRACED_EPOCHS) and a peer of its class differs from it only in that count (and its
+    name): `algorithm` with the most of them of these peers (named after all of them),
+    and that option set to its own count;
   - else `algorithm` and `hparams` unchanged.
 
   example: one input of the data (array or shape-dtype)."""
@@ -150,13 +156,15 @@ def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tupl
                     head_epochs=max([a.head_epochs for a in group if type(a) is FedRep] or [0]),
                     ft_epochs=max(map(ft_epochs, group)))
     fields = {f.name: getattr(hparams, f.name) for f in dataclasses.fields(NNHparams)}
-    return family, with_ft_epochs(FamilyHparams(**fields, member=own), ft_epochs(algorithm))
-  bare = lambda a: dataclasses.replace(a, ft_epochs=0, name="")
-  variants = [a for a in (algorithm, *peers) if type(algorithm) in FINE_TUNED
+    return family, with_epochs(FamilyHparams(**fields, member=own), FT_EPOCHS,
+                               ft_epochs(algorithm))
+  field = TRACED_EPOCHS.get(type(algorithm))
+  bare = lambda a: dataclasses.replace(a, **{field: 0}, name="")
+  variants = [a for a in (algorithm, *peers) if field is not None
               and type(a) is type(algorithm) and bare(a) == bare(algorithm)]
-  if len({a.ft_epochs for a in variants}) > 1:
+  if len({getattr(a, field) for a in variants}) > 1:
     shared_program = dataclasses.replace(
-        algorithm, ft_epochs=max(a.ft_epochs for a in variants),
+        algorithm, **{field: max(getattr(a, field) for a in variants)},
         name="+".join(sorted({a.name for a in variants})))
-    return shared_program, with_ft_epochs(hparams, algorithm.ft_epochs)
+    return shared_program, with_epochs(hparams, field, getattr(algorithm, field))
   return algorithm, hparams

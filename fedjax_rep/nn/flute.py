@@ -37,6 +37,7 @@ from fedjax_rep.core import aggregate
 from fedjax_rep.nn import neural_collapse as nc
 from fedjax_rep.nn import train
 from fedjax_rep.nn.algorithm import Personalized
+from fedjax_rep.nn.hparams import HEAD_EPOCHS
 
 KERNEL = "head/kernel"
 
@@ -72,12 +73,18 @@ class Flute(Personalized):
     (body, head), loss = self.sgd(joint_loss, (shared, personal), x, y, count, key_joint,
                                   hparams, self.local_epochs)
     if self.head_epochs:
+      active = hparams.options.get(HEAD_EPOCHS)
+
       def head_loss(p, hb, yb, wb, k):
         return (train.cross_entropy(self.head_logits(p, hb, k), yb, wb)
                 + train.gradient_only(self.head_penalty(p, classes)))
 
-      head, _ = self.sgd(head_loss, head, self.features(body, x), y, count, key_head,
-                         hparams, self.head_epochs)
+      def head_trained():
+        return self.sgd(head_loss, head, self.features(body, x), y, count, key_head, hparams,
+                        self.head_epochs, active=active)[0]
+
+      head = (head_trained() if active is None else
+              jax.lax.cond(active > 0, head_trained, lambda: head))
     return body, head, loss
 
   def nc_step(self, kernels: jax.Array, classes: jax.Array, trained: jax.Array) -> jax.Array:

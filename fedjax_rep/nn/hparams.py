@@ -10,9 +10,11 @@ from fedjax_rep.core import struct
 
 # Algorithm-specific traced hyperparameters `hparams` accepts, with their valid range.
 OPTIONS = {"mtl_lambda": "finite and >= 0 (Fed-MTL's regulariser weight)"}
-# The option (int []) that `family.program` sets: how many of an algorithm's `ft_epochs`
-# fine-tuning epochs run before testing, so that "-ft" variants share one program.
+# The options (int []) that `family.program` sets, so that variants of an algorithm that
+# differ only in these epochs share one program: how many of its `ft_epochs` of fine-tuning
+# run before testing (FedAvg, FedProx, SCAFFOLD), of its `head_epochs` (FLUTE).
 FT_EPOCHS = "ft_epochs"
+HEAD_EPOCHS = "head_epochs"
 
 
 @struct.dataclass

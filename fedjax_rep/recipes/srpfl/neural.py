@@ -49,6 +49,7 @@ from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import digits, federated, leaf, tfds_data
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.hetero import timed
+from fedjax_rep.nn import family
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
@@ -70,6 +71,10 @@ LABELS = {"srpfl": "SRPFL", "fedrep": "FedRep", "lg-srpfl": "LG-SRPFL",
 COLORS = {"fedrep": "tab:blue", "lg-fedavg": "tab:green", "fedavg-ft": "tab:red",
           "fedavg": "tab:orange"}  # by timed algorithm; doubling solid, all N dashed
 QUICK_ALGORITHMS = ("srpfl", "fedrep", "lg-srpfl", "lg-fedavg", "flanp-ft", "fedavg-ft")
+# The sweep axes of a program's hparams (a pytree prefix): the schedules and costs, one per
+# run; the inner algorithm's hparams are the same for all runs (unbatched, so that the
+# conditionals of `nn.family` stay conditionals under the sweep's vmap).
+SWEPT_SCHEDULES = timed.TimedHparams(inner=None, participants=0, comm_cost=0)
 
 # dataset -> its model, number of classes and the values of the fields left at 0
 DATASETS = {
@@ -191,26 +196,28 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
   per_seed = lambda tree: jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], seeds, 0), tree)
   keys = common.run_keys(seed_values)
   names = algorithm_names(config)
+  inners = {inner: nn_registry.make_algorithm(inner, model=model, cohort=cohort,
+                                              local_epochs=s["local_epochs"],
+                                              head_epochs=config.head_epochs,
+                                              batch_size=config.batch_size,
+                                              client_group=config.client_group,
+                                              ft_epochs=config.head_epochs)
+            for inner in dict.fromkeys(ALGORITHMS[name][0] for name in names)}
   results = {}
-  for inner in dict.fromkeys(ALGORITHMS[name][0] for name in names):
+  for inner in inners:  # one program for all of them where they share it (`nn.family`)
     group = [name for name in names if ALGORITHMS[name][0] == inner]
-    algorithm = timed.EvaluatedTimed(
-        nn_registry.make_algorithm(inner, model=model, cohort=cohort,
-                                   local_epochs=s["local_epochs"],
-                                   head_epochs=config.head_epochs,
-                                   batch_size=config.batch_size,
-                                   client_group=config.client_group,
-                                   ft_epochs=config.head_epochs),
-        sc.speed_model(speed, num_clients), cohort=cohort, name=f"timed-{inner}")
+    program, program_hparams = family.program(inners[inner], inner_hparams,
+                                               list(inners.values()), datasets.x[0, 0, 0])
+    algorithm = timed.EvaluatedTimed(program, sc.speed_model(speed, num_clients),
+                                     cohort=cohort, name=f"timed-{program.name}")
     unit_name = f"{inner}-{speed}-r{participation:g}"
 
-    def compute():
-      hp = shared.concatenate([per_seed(timed.hparams(inner_hparams,
-                                                      schedules[ALGORITHMS[name][1]]))
-                               for name in group])
+    def compute():  # the runs' schedules swept, their inner hparams (the same) not
+      hp = shared.concatenate([per_seed(timed.hparams(None, schedules[ALGORITHMS[name][1]]))
+                               for name in group]).replace(inner=program_hparams)
       result = loop.run(algorithm, shared.concatenate([datasets] * len(group)), hp,
                         jnp.tile(keys, (len(group),)), config.rounds,
-                        eval_every=config.eval_every, sweep_axes=(0, 0, 0),
+                        eval_every=config.eval_every, sweep_axes=(0, SWEPT_SCHEDULES, 0),
                         progress=progress, desc=unit_name)
       return {"metrics": result.metrics, "eval_rounds": result.eval_rounds,
               "eval": result.eval_metrics}
