@@ -165,7 +165,7 @@ _register("cifar10", "CIFAR-10", Cifar10Config, cifar_run, table1.shard_settings
           "(tfds files)")
 _register("cifar100", "CIFAR-100", Cifar100Config, cifar_run, table1.shard_settings,
           {**_QUICK_SHARDS, "num_clients": (10, 10), "classes_per_client": (5, 20),
-           "mock_examples": 1000},
+           "mock_examples": 1000, "rounds": 2},
           "FedRep Table 1, CIFAR-100 (n, S) = (100, 5), (100, 20): all algorithms (tfds files)")
 _register("femnist", "FEMNIST (10 letters)", FemnistConfig, femnist_run, table1.shard_settings,
           {**_QUICK_SHARDS, "num_clients": (10,), "samples_per_client": 20,

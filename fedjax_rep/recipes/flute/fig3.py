@@ -6,7 +6,8 @@ k in {2, 4, 6, 8}, M in {15, 30}, N in {12, 20}. Our choices (the paper gives no
 1/(2N) loss normalisation (with Algorithm 1's literal 1/N, eta = 0.03 diverges: try
 `--set loss=mean`), eta_r = eta_l, gamma1 = 1/4, gamma2 = 1/8 (Theorem 5.1), the same eta
 for the representation step of FedRep and FedRep(RI), 1000 rounds, 5 seeds. Every plot
-shows the rank-k floor (1/M) sum ||(Phi_k)_i - phi_i||.
+shows the rank-k floor (1/M) sum ||(Phi_k)_i - phi_i||. `--quick`: 300 rounds, k in {4, 8},
+M = 15 (4 of the 16 cells: each cell of k x M is its own program).
 """
 
 import dataclasses
@@ -42,4 +43,5 @@ def plot(rows, config: Config, file, figure: str = "FLUTE Fig. 3") -> None:
 RECIPE = register(Recipe(
     name="flute-fig3",
     summary="FLUTE Fig. 3: model error vs rounds, FLUTE vs FedRep(RI) vs FedRep, k x M x N grid",
-    config=Config, quick={"rounds": 300}, run=run, plot=plot, default_seeds=5))
+    config=Config, quick={"rounds": 300, "rep_dim": (4, 8), "num_clients": (15,)}, run=run,
+    plot=plot, default_seeds=5))

@@ -326,5 +326,5 @@ RECIPE = register(Recipe(
             "LG-SRPFL, FLANP(-FT) vs FedRep, LG-FedAvg, FedAvg(-FT); fixed and dynamic "
             "speeds, C in {0, 10, 100}, full and 20% participation",
     config=Config, quick={"rounds": 60, "stage_rounds": 5, "participation": (1.0,),
-                         "algorithms": QUICK_ALGORITHMS},
+                         "speed_models": ("fixed",), "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot, default_seeds=2, summarize=summarize))
