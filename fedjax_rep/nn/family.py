@@ -149,7 +149,7 @@ def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tupl
   own = member(algorithm, flat)
   common = lambda a: tuple(getattr(a, f) for f in COMMON)
   group = [a for a in (algorithm, *peers)
-           if member(a, flat) is not None and common(a) == common(algorithm)]
+           if type(a) in MEMBERS and common(a) == common(algorithm)]
   if own is not None and len({(type(a), a.name) for a in group}) > 1:
     family = Family(**dict(zip(COMMON, common(algorithm))),
                     local_epochs=max(a.local_epochs for a in group),
