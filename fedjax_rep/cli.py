@@ -127,12 +127,19 @@ def main(argv=None) -> int:
   if args.command == "data":
     _data()
     return 0
+  import jax
+
   from fedjax_rep.core import compile_cache
+  from fedjax_rep.core import distributed
   from fedjax_rep.data.missing import DataMissing
   from fedjax_rep.recipes import config as cfg
   from fedjax_rep.recipes import outputs
   from fedjax_rep.recipes import registry
+  what = {}
   try:
+    if distributed.join() and not (args.resume or args.out):  # a job of several processes
+      raise distributed.JobError("a job of several processes needs --out DIR (one directory "
+                                 "every process sees) or --resume DIR")
     recipe, what = _what_to_run(args)
     if args.no_compile_cache:
       compile_cache.disable()
@@ -140,17 +147,33 @@ def main(argv=None) -> int:
       compile_cache.enable()
     with checkpoint.stop_on_signals():
       out = registry.run_to_dir(
-          recipe, **what, progress=not args.no_progress, overwrite=args.overwrite,
+          recipe, **what, progress=not args.no_progress and distributed.is_writer(),
+          overwrite=args.overwrite,
           checkpoint_rounds=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
-  except (cfg.ConfigError, outputs.OutputError, DataMissing, compile_cache.CacheError) as error:
+  except (cfg.ConfigError, outputs.OutputError, DataMissing, compile_cache.CacheError,
+          distributed.JobError) as error:
     print(f"fedjax-rep: error: {error}", file=sys.stderr)
     return 2
+  except jax.errors.JaxRuntimeError as error:
+    if not distributed.in_job():
+      raise
+    # A collective failed: another process of the job died. End now, before the heartbeat
+    # timeout makes the runtime abort this process with its own report.
+    out = shlex.quote(what.get("out", "DIR"))
+    print(f"fedjax-rep: error: process {jax.process_index()} of the job stopped: another "
+          f"process stopped ({str(error).splitlines()[0][:200]}); what ran is saved in {out}; "
+          f"resume the whole job with `fedjax-rep run --resume {out}` on every process",
+          file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(1)
   except checkpoint.Interrupted as stop:
     where = f" after round {stop.round} of {stop.num_rounds} of a unit" if stop.round else ""
     print(f"fedjax-rep: stopped by {stop.signal_name}{where}; what ran is saved in "
           f"{what['out']}. Resume with:\n  fedjax-rep run --resume {shlex.quote(what['out'])}",
           file=sys.stderr)
-    return 128 + getattr(signal, stop.signal_name)
+    return 128 + getattr(signal, stop.signal_name, signal.SIGTERM)
+  if not distributed.is_writer():  # process 0 of the job reports what it wrote
+    return 0
   summary = os.path.join(out, registry.get(recipe).summary_file)
   if os.path.exists(summary):
     with open(summary) as f:
@@ -163,11 +186,30 @@ def main(argv=None) -> int:
   return 0
 
 
+def _needs_supervisor() -> bool:
+  """Whether this is `fedjax-rep run` started as a process of a job (not the supervisor's
+  child): it runs under `supervisor`."""
+  from fedjax_rep import supervisor
+  from fedjax_rep.core import distributed
+  if sys.argv[1:2] != ["run"] or supervisor.supervised():
+    return False
+  try:
+    return distributed.job_environment() is not None
+  except distributed.JobError:
+    return False  # main reports it
+
+
 def command() -> None:
-  """The `fedjax-rep` console script: `main()`, then an immediate exit with its code once
-  stdout and stderr are flushed. Everything a run writes is written and closed by then;
+  """The `fedjax-rep` console script: `main()` (a process of a job runs it in a child under
+  `supervisor`), then an immediate exit with its code once stdout and stderr are flushed. Everything a run writes is written and closed by then;
   the interpreter's teardown of jax and XLA would only delay the shell."""
-  code = main()
+  from fedjax_rep import supervisor
+  if supervisor.supervised():
+    supervisor.follow_supervisor()
+  if _needs_supervisor():
+    code = supervisor.run(sys.argv[1:])
+  else:
+    code = main()
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(code)

@@ -1,7 +1,11 @@
 import atexit
+import importlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 
 # The suite compiles hundreds of small programs and runs most of them briefly, so XLA's
 # compilation takes most of its time. Two flags make that cheaper: optimisation level 1
@@ -41,6 +45,66 @@ def emulated_devices_env(count: int) -> dict:
   flags set above)."""
   flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}"
   return {**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"}
+
+
+class Job:
+  """`command` (an argv list) started as a job of `processes` local processes under JAX's
+  multi-controller runtime (`fedjax_rep.core.distributed`: JAX_COORDINATOR_ADDRESS on a
+  free loopback port, NUM_PROCESSES, PROCESS_ID), each with `devices` emulated CPU devices,
+  in `cwd`; every process's stdout and stderr go to cwd/<name>-<i>.log. A context manager:
+  on exit every process still running is killed."""
+
+  def __init__(self, command, processes, devices, cwd, env=None, name="process"):
+    from fedjax_rep.core.distributed import free_port
+    address = f"127.0.0.1:{free_port()}"
+    self.logs = [os.path.join(cwd, f"{name}-{i}.log") for i in range(processes)]
+    self.processes = []
+    for i, log in enumerate(self.logs):
+      with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+        self.processes.append(subprocess.Popen(
+            command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+            env={**emulated_devices_env(devices), **(env or {}),
+                 "JAX_COORDINATOR_ADDRESS": address, "NUM_PROCESSES": str(processes),
+                 "PROCESS_ID": str(i)}))
+
+  def wait(self, timeout):
+    """The processes' return codes, once all have ended or `timeout` seconds have passed
+    (those still running are killed: return code -9)."""
+    deadline = time.monotonic() + timeout
+    for process in self.processes:
+      try:
+        process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+      except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    return [process.returncode for process in self.processes]
+
+  def log(self, i, last=3000):
+    """The last `last` characters (None: all) of process i's output."""
+    with open(self.logs[i]) as f:
+      return f.read()[-last:] if last else f.read()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    for process in self.processes:
+      if process.poll() is None:
+        process.kill()
+      process.wait()
+
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
+
+
+def benchmark_module(name: str):
+  """benchmarks/NAME.py imported as a module (with its neighbours on the path while it
+  imports)."""
+  sys.path.insert(0, BENCHMARKS)
+  try:
+    return importlib.import_module(name)
+  finally:
+    sys.path.remove(BENCHMARKS)
 
 
 def pytest_collection_modifyitems(items):

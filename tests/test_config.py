@@ -186,3 +186,52 @@ def test_python_api_returns_rows_without_files(tmp_path, monkeypatch):
   rows, config = fr.run_recipe("fedrep-fig3", seeds=1, overrides=TINY, progress=False)
   assert config.rounds == 3 and len(rows) == 3 * 2 * 3
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("recipe,items,pattern", [
+    ("fedrep-fig3", ["devices=0"], r"devices=0 is out of range.*integer in \[1, inf\) or all"),
+    ("fedrep-fig3", ["devices=two"], r"'two' is not valid; devices must be .* or all"),
+    ("fedrep-fig3", ["devices=2"], r"devices=2 is out of range: JAX sees 1 devices"),
+    ("fedrep-fig3", ["num_clients=10", "cohort_groups=4"],
+     r"num_clients=10 .* must split evenly.*4 cohort groups"),
+    ("flute-fig3", ["cohort_groups=3"], r"FLUTE .*: one device only, cannot run sharded"),
+    ("srpfl-linear", ["devices=all", "cohort_groups=1"], r"SRPFL's timed schedules: one device"),
+    ("fedrep-fig1", ["cohort_groups=2"],
+     r"algorithm local cannot run sharded .*only fedrep, gd-gd, 10gd-gd shard"),
+    ("flute-table1", ["cohort_groups=1"], r"algorithm flute cannot run sharded .*masked_round"),
+])
+def test_placement_refused_before_any_work(recipe, items, pattern, capsys, tmp_path, compiles):
+  """devices and cohort_groups out of range, or for an algorithm that cannot shard: exit 2
+  with one line naming the setting or the algorithm, nothing compiled, no directory."""
+  args = [a for item in items for a in ("--set", item)]
+  assert cli.main(["run", recipe, "--quick", *args, "--out", str(tmp_path / "out")]) == 2
+  error = capsys.readouterr().err
+  assert len(error.strip().splitlines()) == 1 and re.search(pattern, error), error
+  assert compiles.count == 0 and not (tmp_path / "out").exists()
+
+
+def test_placement_fields_are_listed_last():
+  """Every recipe has devices and cohort_groups, listed after its own keys."""
+  from fedjax_rep.recipes import config as cfg
+  assert list(cfg.fields(type(fr.resolve("fedrep-fig3"))))[-2:] == ["devices", "cohort_groups"]
+  with pytest.raises(fr.ConfigError, match=r"valid keys: .*, devices, cohort_groups$"):
+    fr.resolve("digits-personalized", overrides=["no_such_key=1"])
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_recipes_configuration_replays(quick, tmp_path):
+  """A config.json's settings (auto ones, None, included) give back the same configuration
+  (what --resume and --from-config read)."""
+  import dataclasses
+  from fedjax_rep.recipes import registry
+  from fedjax_rep.data.missing import DataMissing
+  for name in registry.all_recipes():
+    try:
+      config = registry.resolve(name, quick=quick)
+    except DataMissing:  # a full-size real-data recipe checks its files first
+      continue
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"recipe": name, "quick": quick,
+                                "config": dataclasses.asdict(config)}))
+    what = registry.replay(str(path))
+    assert registry.resolve(name, quick=quick, overrides=what["overrides"]) == config, name

@@ -1,14 +1,13 @@
 """The docs run: every ```python block of README.md and docs/**/*.md is executed as written,
 each in a fresh interpreter (a block that stops working fails here)."""
 
-import os
 import pathlib
 import re
-import socket
-import subprocess
 import sys
 
 import pytest
+
+from conftest import Job
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.M | re.S)
@@ -30,12 +29,6 @@ def python_blocks() -> list[tuple[str, str]]:
   return blocks
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 BLOCKS = python_blocks()
 
 
@@ -48,16 +41,7 @@ def test_the_docs_have_python_blocks():
 def test_python_block_runs_as_written(where, code, tmp_path):
   """A multi-host example (it reads NUM_PROCESSES) runs as two processes on this machine."""
   processes = 2 if "NUM_PROCESSES" in code else 1
-  env = {**os.environ, "NUM_PROCESSES": str(processes),
-         "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}", "JAX_PLATFORMS": "cpu"}
-  logs = [tmp_path / f"stderr-{i}.txt" for i in range(processes)]
-  runs = []
-  for i, log in enumerate(logs):
-    with log.open("w") as stderr:  # the child keeps its own copy of the descriptor
-      runs.append(subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path,
-                                   env={**env, "PROCESS_ID": str(i)},
-                                   stdout=subprocess.DEVNULL, stderr=stderr))
-  for i, (run, log) in enumerate(zip(runs, logs)):
-    run.wait(timeout=600)
-    assert run.returncode == 0, (f"{where} (process {i} of {processes}) failed:\n"
-                                 f"{log.read_text()[-3000:]}")
+  with Job([sys.executable, "-c", code], processes, 1, str(tmp_path)) as job:
+    codes = job.wait(timeout=600)
+    for i, returncode in enumerate(codes):
+      assert returncode == 0, f"{where} (process {i} of {processes}) failed:\n{job.log(i)}"

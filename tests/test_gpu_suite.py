@@ -2,7 +2,6 @@
 numbers; its mock CIFAR clients hold S classes each; its client group is the CPU default on
 the CPU and what half the free memory holds on an accelerator."""
 
-import importlib
 import json
 import math
 import os
@@ -16,19 +15,15 @@ import pytest
 from fedjax_rep.nn.hparams import hparams
 from fedjax_rep.nn.models import make_model
 from fedjax_rep.nn.registry import make_algorithm
+from conftest import BENCHMARKS, benchmark_module
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
 CPU_NONE = {"peak_device_bytes", "client_bytes"}  # not measured on the CPU
 
 
 @pytest.fixture(scope="module")
 def gpu_suite():
   """The benchmark script as a module (it imports its neighbours nn_round and linear_round)."""
-  sys.path.insert(0, BENCHMARKS)
-  try:
-    return importlib.import_module("gpu_suite")
-  finally:
-    sys.path.remove(BENCHMARKS)
+  return benchmark_module("gpu_suite")
 
 
 def numbers(row):

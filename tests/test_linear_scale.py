@@ -1,6 +1,12 @@
 """The linear FedRep round in client blocks, the statistics sampler of fresh data, the
 streamed initialisation and the memory estimate: blocked = unblocked = numpy reference,
-statistics ~ direct in distribution."""
+statistics ~ direct in distribution; benchmarks/scale.py's jobs of several processes give
+the single process's numbers."""
+
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +18,7 @@ import fedjax_rep as fr
 import reference as ref
 from fedjax_rep.linear import blocks, fresh_statistics, memory, normals
 from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS
+from conftest import BENCHMARKS, benchmark_module
 
 N, M, D, K = 23, 6, 7, 2  # 23 clients: blocks of 5 leave a remainder of 3
 ROUNDS = 2
@@ -305,3 +312,64 @@ def test_bad_structure_is_rejected_before_work():
     final(fr.FedRep(rep_dim=K, cohort=10, client_groups=4), datasets()["fixed"])
   with pytest.raises(ValueError, match="num_devices"):
     final(fr.FedRep(rep_dim=K, cohort=N, devices=64), datasets()["fixed"])
+
+
+# --- benchmarks/scale.py --processes ---------------------------------------------------------
+
+
+
+def scale_rows(tmp_path, *arguments) -> list[dict]:
+  """benchmarks/scale.py's JSON rows of one call."""
+  path = tmp_path / "rows.json"
+  subprocess.run([sys.executable, os.path.join(BENCHMARKS, "scale.py"), *arguments,
+                  "--json", str(path)], check=True, capture_output=True, text=True,
+                 timeout=300)
+  return json.loads(path.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arguments", [
+    ("--round", "linear", "--clients", "1000", "--mode", "fresh-statistics"),
+    ("--round", "neural", "--clients", "32")], ids=["linear", "neural"])
+def test_scale_job_of_two_processes_matches_one_process(tmp_path, arguments):
+  """The same configuration (2 devices in all) as one process and as a job of two processes
+  of one device each (gloo collectives): the same final principal angle (linear) or train
+  loss (neural), within float32 round-off."""
+  one, two = scale_rows(tmp_path, *arguments, "--devices", "2", "--processes", "1,2",
+                        "--rounds", "2")
+  if "gloo" in two.get("error", "").lower():
+    pytest.skip(f"gloo CPU collectives cannot run here: {two['error']}")
+  for row, processes in ((one, 1), (two, 2)):
+    assert row["processes"] == processes and row["devices"] == 2
+    assert "error" not in row, row["error"]
+    assert row["seconds_per_round"] > 0 and row["peak_rss_gb"] > 0
+  assert len(two["seconds_per_round_each"]) == 2
+  assert two["peak_rss_gb_total"] >= two["peak_rss_gb"]
+  np.testing.assert_allclose(two["final_metric"], one["final_metric"], rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def scale():
+  """benchmarks/scale.py as a module (its top level imports only the standard library)."""
+  return benchmark_module("scale")
+
+
+def test_scale_splits_the_cores_and_devices_among_processes(scale):
+  assert scale.process_cpus(2, [0, 1, 2, 3]) == [[0, 1], [2, 3]]
+  assert scale.process_cpus(3, [0, 1, 2, 3]) == [[0], [1], [2, 3]]
+  assert scale.process_cpus(4, [5, 7]) == [[5], [7], [5], [7]]  # more processes than cores
+  config = {"processes": 2, "devices": 8, "platform": "cpu"}
+  envs = scale.job_environments(config)
+  assert [env["PROCESS_ID"] for env in envs] == ["0", "1"]
+  assert {env["NUM_PROCESSES"] for env in envs} == {"2"}
+  assert len({env["JAX_COORDINATOR_ADDRESS"] for env in envs}) == 1
+  assert all(env["XLA_FLAGS"].split()[-1] == "--xla_force_host_platform_device_count=4"
+             and env["XLA_FLAGS"].count("device_count") == 1 for env in envs)
+  single = scale.job_environments({**config, "processes": 1})
+  assert len(single) == 1 and "PROCESS_ID" not in single[0]
+
+
+def test_scale_refuses_devices_not_a_multiple_of_processes():
+  done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "scale.py"), "--devices", "3",
+                         "--processes", "2"], capture_output=True, text=True, timeout=60)
+  assert done.returncode == 2 and "not a multiple of --processes 2" in done.stderr

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 DEFAULT_SECONDS = 60.0  # a long unit saves at least this often (at its chunk boundaries)
+ELSEWHERE = "a signal to another process of the job"  # `Interrupted.signal_name` there
 
 
 class Interrupted(Exception):

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from fedjax_rep.core import checkpoint
 from fedjax_rep.core import checks
+from fedjax_rep.core import distributed
 from fedjax_rep.core.protocols import Evaluated
 
 DEFAULT_CHUNK = 50
@@ -332,13 +333,15 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
                                                  sweep_axes=sweep_axes)))
     bar.update(stop - t)
     t = stop
-    stopping = checkpoint.stop_requested()
-    if slot is not None and t < num_rounds and (stopping or slot.due(t)):
+    # In a job of several processes, all of them stop and save together.
+    asked = checkpoint.stop_requested()
+    stopping = distributed.any_process(asked is not None)
+    if slot is not None and t < num_rounds and distributed.any_process(stopping or slot.due(t)):
       slot.save(t, {"state": state, "diverged": diverged, "reference": reference},
                 _history(pieces, eval_pieces, axis), {"eval_rounds": eval_rounds})
     if stopping:
       bar.close()
-      raise checkpoint.Interrupted(stopping, t, num_rounds)
+      raise checkpoint.Interrupted(asked or checkpoint.ELSEWHERE, t, num_rounds)
   bar.close()
   jax.block_until_ready(state)
   metrics, eval_metrics = _joined(pieces, eval_pieces, axis)

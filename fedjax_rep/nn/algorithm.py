@@ -308,9 +308,9 @@ class Personalized:
     groups = self.num_cohort_groups()
     if self.devices is not None:
       mesh = sharding.client_mesh(self.devices)
-      if type(self).masked_round is not Personalized.masked_round:
-        raise ValueError(f"{self.name} cannot run sharded (devices={self.devices}): its "
-                         f"masked_round adds steps over the whole cohort; use devices=None")
+      if self.sharding_refusal() is not None:
+        raise ValueError(f"{self.name} cannot run sharded (devices={self.devices}): "
+                         f"{self.sharding_refusal()}; use devices=None")
       if groups % self.devices:
         raise ValueError(f"cohort_groups={groups} must be a multiple of devices="
                          f"{self.devices} (every device holds the same number of groups)")
@@ -319,6 +319,13 @@ class Personalized:
       raise ValueError(f"num_clients={num_clients} and cohort={self.cohort} must be "
                        f"multiples of the cohort groups ({groups}): each group holds "
                        f"num_clients/{groups} clients and draws cohort/{groups} of them")
+
+  def sharding_refusal(self) -> str | None:
+    """Why this algorithm's round cannot shard (None: it can): a `masked_round` that adds
+    steps over the whole cohort."""
+    if type(self).masked_round is not Personalized.masked_round:
+      return "its masked_round adds steps over the whole cohort"
+    return None
 
   def eval_params(self, shared: dict, personal: dict, x, y, count, key, hparams) -> dict:
     """The flat params a client is tested with (default: shared + its personal ones)."""

@@ -19,7 +19,8 @@ class ConfigError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Check:
   """A valid range: numbers in [low, high] (open ends where `open_*`), or one of `choices`;
-  with `optional`, also None ('auto' on the command line: the algorithm's own default)."""
+  with `optional`, also None ('auto' on the command line: the algorithm's own default);
+  with `words`, also these strings (e.g. devices=all)."""
   kind: type
   low: float | None = None
   high: float | None = None
@@ -28,6 +29,7 @@ class Check:
   choices: tuple | None = None
   sequence: bool = False
   optional: bool = False
+  words: tuple = ()
 
   def describe(self) -> str:
     if self.choices is not None:
@@ -41,11 +43,15 @@ class Check:
       text = f"{noun} in {bracket[0]}{low}, {high}{bracket[1]}"
     if self.optional:
       text += " or auto (the algorithm's default)"
+    for word in self.words:
+      text += f" or {word}"
     return ("a comma-separated list, each " + text) if self.sequence else text
 
   def ok(self, value) -> bool:
     if value is None:
       return self.optional
+    if isinstance(value, str) and value in self.words:
+      return True
     if self.choices is not None:
       return value in self.choices
     if self.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
@@ -59,9 +65,11 @@ class Check:
     return True
 
 
-def setting(default, check: Check, help: str):
-  """A configuration field with its default, valid range and one-line help."""
-  return dataclasses.field(default=default, metadata={"check": check, "help": help})
+def setting(default, check: Check, help: str, *, listed_last: bool = False):
+  """A configuration field with its default, valid range and one-line help; `listed_last`:
+  after the recipe's own fields where keys are listed (settings every recipe has)."""
+  return dataclasses.field(default=default, metadata={"check": check, "help": help,
+                                                      "listed_last": listed_last})
 
 
 def positive_int(help, default, *, sequence=False, low=1):
@@ -90,12 +98,16 @@ def choice(help, default, choices, *, sequence=False):
 
 
 def fields(config_type) -> dict[str, dataclasses.Field]:
-  return {f.name: f for f in dataclasses.fields(config_type)}
+  """{name: field} of `config_type`, those listed last (`setting`) after the others."""
+  return {f.name: f for f in sorted(dataclasses.fields(config_type),
+                                    key=lambda f: f.metadata.get("listed_last", False))}
 
 
-def _parse_one(item: str, kind: type, optional: bool = False):
+def _parse_one(item: str, kind: type, optional: bool = False, words: tuple = ()):
   if optional and item == "auto":
     return None
+  if item in words:
+    return item
   if kind is str:
     return item
   number = float(item)
@@ -132,7 +144,7 @@ def _parse(key: str, text: str, check: Check, option: str = "--set"):
   values = []
   for item in items:
     try:
-      values.append(_parse_one(item, check.kind, check.optional))
+      values.append(_parse_one(item, check.kind, check.optional, check.words))
     except (ValueError, OverflowError):
       raise ConfigError(f"{option} {key}={text}: {item!r} is not valid; {key} must be "
                         f"{each.describe()}") from None

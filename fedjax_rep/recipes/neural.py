@@ -14,6 +14,7 @@ from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import shared
 
 ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local")
@@ -80,7 +81,7 @@ def algorithms(default=ALGORITHMS):
 
 
 @dataclasses.dataclass(frozen=True)
-class Training:
+class Training(placement.Placement):
   """The configuration fields of every neural recipe's training: FedRep's schedule
   (Section 5.2: r = 0.1, 10 head epochs + `local_epochs` body epochs, SGD lr 0.01 with
   momentum 0.5 and weight decay 1e-4, batch 10, 100 rounds), evaluation and seeds. A
@@ -127,13 +128,14 @@ def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_e
 
 
 def algorithm(name, config, model, num_clients):
-  """Algorithm `name` with its structure and options from `config`, for num_clients clients."""
+  """Algorithm `name` with its structure, options and placement (devices, cohort groups)
+  from `config`, for num_clients clients."""
   options = {k: getattr(config, k) for k in nn_registry.OPTIONS if hasattr(config, k)}
   return nn_registry.make_algorithm(
       name, model=model, cohort=cohort_size(num_clients, config.participation),
       local_epochs=config.local_epochs, head_epochs=config.head_epochs,
       batch_size=config.batch_size, client_group=config.client_group,
-      ft_epochs=config.head_epochs, **options)
+      ft_epochs=config.head_epochs, **placement.keywords(config), **options)
 
 
 def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress):

@@ -11,6 +11,7 @@ from importlib import metadata
 import numpy as np
 
 from fedjax_rep.core import checkpoint
+from fedjax_rep.core import distributed
 from fedjax_rep.core import tree
 from fedjax_rep.core.files import atomic_write
 
@@ -60,6 +61,10 @@ class RunDir:
   created, a non-empty directory that is not a run of this recipe, and a run of it with
   another configuration or written by other code, unless `overwrite` (then the directory's
   earlier parts are deleted and the run starts over; other files are left alone).
+
+  In a job of several processes (`core.distributed`) every process opens the same
+  directory (on a file system they all see) and computes every unit; only process 0 writes
+  files, and barriers keep the processes on the same unit.
   """
 
   def __init__(self, path: str, config: dict, *, overwrite: bool = False,
@@ -71,17 +76,20 @@ class RunDir:
                         f"one is created)")
     if not overwrite:
       self._check_previous(config)
-    parts = os.path.join(path, "parts")
-    if overwrite and os.path.isdir(parts):
-      shutil.rmtree(parts)
-    try:
-      os.makedirs(parts, exist_ok=True)
-    except OSError as error:
-      raise OutputError(f"--out {path} cannot be created ({error.strerror}): give a "
-                        f"directory you can write to") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-      raise OutputError(f"--out {path} is not writable: give a directory you can write to")
+    distributed.barrier("fedjax-rep: run directory checked")  # before process 0 writes
+    if distributed.is_writer():
+      parts = os.path.join(path, "parts")
+      if overwrite and os.path.isdir(parts):
+        shutil.rmtree(parts)
+      try:
+        os.makedirs(parts, exist_ok=True)
+      except OSError as error:
+        raise OutputError(f"--out {path} cannot be created ({error.strerror}): give a "
+                          f"directory you can write to") from None
+      if not os.access(path, os.W_OK | os.X_OK):
+        raise OutputError(f"--out {path} is not writable: give a directory you can write to")
     self.write_json("config.json", config)
+    distributed.barrier("fedjax-rep: run directory ready")
 
   def _check_previous(self, config: dict) -> None:
     """Refuses (OtherRun) a non-empty `path` that is not a run of config's recipe with the
@@ -113,18 +121,24 @@ class RunDir:
                      f"{current['code']['revision']}): they may not match; {hint}")
 
   def write_json(self, name: str, value) -> None:
-    atomic_write(os.path.join(self.path, name),
-                 lambda f: f.write((json.dumps(value, indent=2, sort_keys=True) + "\n").encode()))
+    self.write(name, lambda f: f.write(
+        (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()))
 
   def write_csv(self, name: str, rows: list[dict], first=("algorithm", "seed", "round")) -> None:
-    atomic_write(os.path.join(self.path, name),
-                 lambda f: f.write(csv_text(rows, first).encode()))
+    self.write(name, lambda f: f.write(csv_text(rows, first).encode()))
+
+  def write(self, name: str, write) -> None:
+    """write(file) into the file `name` of the directory, atomically; in a job of several
+    processes only process 0 writes (`core.distributed`)."""
+    if distributed.is_writer():
+      atomic_write(os.path.join(self.path, name), write)
 
   def unit(self, name: str, compute):
     """compute() -> a dict of arrays, possibly nested (dicts of dicts: e.g. a final state's
     params), saved as parts/NAME.npz under '/'-joined keys; loaded instead if already there.
     While it computes, its runs checkpoint into parts/NAME.ckpt (deleted once it is saved)."""
     path = os.path.join(self.path, "parts", name + ".npz")
+    distributed.barrier(f"fedjax-rep: unit {name}")  # every process sees the same parts
     if os.path.exists(path):
       with np.load(path) as saved:
         return tree.unflatten({k: saved[k] for k in saved.files})
@@ -132,6 +146,8 @@ class RunDir:
     with checkpoint.scope(checkpoints, self.every_rounds, self.every_seconds):
       result = compute()
     flat = tree.flatten(result)
-    atomic_write(path, lambda f: np.savez(f, **{k: np.asarray(v) for k, v in flat.items()}))
-    shutil.rmtree(checkpoints, ignore_errors=True)
+    self.write(os.path.join("parts", name + ".npz"),
+               lambda f: np.savez(f, **{k: np.asarray(v) for k, v in flat.items()}))
+    if distributed.is_writer():
+      shutil.rmtree(checkpoints, ignore_errors=True)
     return result

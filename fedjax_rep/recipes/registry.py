@@ -18,6 +18,7 @@ from fedjax_rep.core import checkpoint
 from fedjax_rep.core import files
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import outputs
+from fedjax_rep.recipes import placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +126,8 @@ def _prepare(name, quick, seeds, overrides, grid):
   recipe = get(name)
   config = resolve(name, quick=quick, overrides=overrides)
   grid = cfg.parse_grid(config, grid, overrides)
+  for combination in cfg.combinations(grid):
+    placement.check(cfg.apply(config, combination))
   return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds), grid
 
 
@@ -212,6 +215,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
             "config": dataclasses.asdict(config), "grid": grid,
             "code": {"revision": files.revision(), "source": files.source_fingerprint(),
                      **kernel_record(config)},
+            "job": job_record(config),
             "versions": outputs.versions()},
       overwrite=overwrite, every_rounds=checkpoint_rounds, every_seconds=checkpoint_seconds)
   rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
@@ -220,8 +224,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   if recipe.summarize is not None:
     run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, grid),
                       first=("algorithm", *swept))
-  files.atomic_write(os.path.join(out, f"{name}.png"),
-                       lambda f: recipe.plot(rows, _figure_config(config, grid), f))
+  run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, grid), f))
   return out
 
 
@@ -235,15 +238,26 @@ def kernel_record(config) -> dict:
   return {"kernel": "native", "kernel_build": fedrep_round.build_key()}
 
 
+def job_record(config) -> dict:
+  """What config.json records of where the run ran: its processes and the devices its
+  client axis was split over (not compared on resume: with the cohort groups fixed, the
+  numbers do not depend on them)."""
+  import jax
+  return {"processes": jax.process_count(), "devices": placement.device_count(config)}
+
+
 def default_out(name: str) -> str:
   """runs/NAME-<date>-<time>: where a run of recipe `name` started now writes by default."""
   return os.path.join("runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
 
 
 def _setting_text(value) -> str:
-  """A configuration value as --set writes it (sequences comma-separated, floats exact)."""
+  """A configuration value as --set writes it (sequences comma-separated, floats exact,
+  None as auto)."""
   if isinstance(value, (list, tuple)):
     return ",".join(map(_setting_text, value))
+  if value is None:
+    return "auto"
   return repr(value) if isinstance(value, float) else str(value)
 
 

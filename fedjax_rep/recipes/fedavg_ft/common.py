@@ -13,6 +13,7 @@ import dataclasses
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import linear as common
 from fedjax_rep.recipes import shared
 
@@ -23,8 +24,9 @@ def algorithm_name(local_steps: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainingConfig:
+class TrainingConfig(placement.Placement):
   """The training part of a FedAvg-FT recipe's configuration."""
+  UNSHARDED = "the linear FedAvg-FT"
   num_clients: int = cfg.num_clients(40)
   dim: int = common.dim(100)
   rep_dim: int = common.rep_dim(5)

@@ -43,6 +43,7 @@ from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.nn.algorithm import NNState
 from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import neural as common
 from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes import shared
@@ -57,7 +58,8 @@ def local_steps(name: str, config) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(placement.Placement):
+  UNSHARDED = "FedAvg-FT's neural runs (D-SGD and FedAvg, one program)"
   num_clients: int = cfg.num_clients(30)
   dirichlet_alpha: float = common.dirichlet_alpha(0.6)
   unseen_classes: int = cfg.positive_int("classes held out of training (the last ones): "

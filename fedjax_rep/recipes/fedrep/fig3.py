@@ -19,6 +19,7 @@ from fedjax_rep.core.padding import Padded
 from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS, FedRep
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import linear as common
 from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes import shared
@@ -26,7 +27,8 @@ from fedjax_rep.recipes.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(placement.Placement):
+  SHARDED_ALGORITHMS = placement.LINEAR_SHARDED
   num_clients: tuple = cfg.positive_int("numbers of clients n, one panel each", (10, 100, 1000),
                                         sequence=True)
   dim: int = common.dim(10)
@@ -53,12 +55,16 @@ HEAD_STEPS = {"fedrep": 0, "gd-gd": 1, "10gd-gd": 10}  # head GD steps (0: exact
 def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> list[dict]:
   """Rows of every algorithm, n and seed (and `grid` combination of traced keys: lr,
   head_lr). The algorithms differ only in a traced number (head steps) and the values of n
-  are padded to a common client count, so each padding group is one compiled program."""
+  are padded to a common client count, so each padding group is one compiled program;
+  sharded (config.devices, config.cohort_groups), each n is its own program, unpadded."""
   seed_values = list(range(config.seed, config.seed + seeds))
   keys = shared.seed_keys(config.seed, seeds)
   combos = grid or [{}]
   curves = {}
-  for group in common.padding_groups(config.num_clients, config.data_mode):
+  # Sharded (devices, cohort groups), each n runs unpadded: the padded round is one device's.
+  groups = ([(n,) for n in config.num_clients] if placement.sharded(config) else
+            common.padding_groups(config.num_clients, config.data_mode))
+  for group in groups:
     data = common.padded_seed_data(
         keys, group, config.participation, mode=config.data_mode, dim=config.dim,
         rep_dim=config.rep_dim, noise_std=config.noise_std, samples=config.samples_per_client)
@@ -69,8 +75,12 @@ def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> l
                              head_steps=np.int32(HEAD_STEPS[name]))
                for cfg_c, name in ((dataclasses.replace(config, **combos[c]), name)
                                    for c, name, _ in runs) for _ in range(seeds)]
-    algorithm = Padded(FedRep(rep_dim=config.rep_dim, head_steps=TRACED_HEAD_STEPS,
-                              cohort=max(cohort_size(n, config.participation) for n in group)))
+    algorithm = FedRep(rep_dim=config.rep_dim, head_steps=TRACED_HEAD_STEPS,
+                       cohort=max(cohort_size(n, config.participation) for n in group))
+    if placement.sharded(config):
+      algorithm, data = placement.linear(algorithm, config), data.data
+    else:
+      algorithm = Padded(algorithm)
     label = "-".join(map(str, group))
     metrics = unit(f"n{label}", lambda: shared.run_seeds(
         algorithm, jax.tree.map(lambda leaf: np.take(np.asarray(leaf), index, axis=0), data),

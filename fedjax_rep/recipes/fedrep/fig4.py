@@ -20,13 +20,15 @@ from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.linear import local as local_lib
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import linear as common
 from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes import shared
 from fedjax_rep.recipes.registry import Recipe, register
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(placement.Placement):
+  SHARDED_ALGORITHMS = placement.LINEAR_SHARDED
   num_clients: int = cfg.num_clients(100)
   dim: int = common.dim(20)
   rep_dim: int = common.rep_dim(2)
@@ -72,11 +74,10 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   for name in config.algorithms:
     B = None
     if name != "local":
-      algorithm = make_algorithm(name, rep_dim=config.rep_dim, cohort=cohort,
-                                 local_steps=config.fedavg_local_steps,
-                                 init_method=config.fedavg_init if name == "fedavg"
-                                 else "moments",
-                                 kernel=config.kernel if name == "fedrep" else "xla")
+      algorithm = placement.linear(make_algorithm(
+          name, rep_dim=config.rep_dim, cohort=cohort, local_steps=config.fedavg_local_steps,
+          init_method=config.fedavg_init if name == "fedavg" else "moments",
+          kernel=config.kernel if name == "fedrep" else "xla"), config)
       metrics = shared.trained(unit, algorithm, data, common.hparams(config), keys,
                                config.rounds, progress)
       B = metrics.pop("B")

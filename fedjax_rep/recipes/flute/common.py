@@ -21,6 +21,7 @@ from fedjax_rep.linear.flute import LOSSES
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import linear as common
 from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes import shared
@@ -31,8 +32,9 @@ LABELS = {"flute": "FLUTE", "fedrep-ri": "FedRep(RI)", "fedrep": "FedRep"}
 
 
 @dataclasses.dataclass(frozen=True)
-class ProblemConfig:
+class ProblemConfig(placement.Placement):
   """Fields every FLUTE recipe has."""
+  UNSHARDED = "FLUTE (its neural-collapse step runs over the whole cohort)"
   dim: int = common.dim(10)
   spectrum: str = cfg.choice("singular values of Phi: linear (2d - i + 1, App. C.1), "
                              "geometric (2d 0.7^(i-1)), gaussian (phi_i ~ N(0, I), Sec. 7.1)",

@@ -32,6 +32,7 @@ from fedjax_rep.core import loop
 from fedjax_rep.hetero import schedule, speeds, timed
 from fedjax_rep.linear.fedrep import FedRep
 from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import linear as common
 from fedjax_rep.recipes import shared
 
@@ -40,8 +41,9 @@ LABELS = {"srpfl": "SRPFL", "fedrep": "FedRep (all N)", "fastest-n": "fastest n0
 
 
 @dataclasses.dataclass(frozen=True)
-class TimedConfig:
+class TimedConfig(placement.Placement):
   """Fields every SRPFL recipe has."""
+  UNSHARDED = "SRPFL's timed schedules"
   dim: int = common.dim(10)
   rep_dim: int = common.rep_dim(2)
   samples_per_client: int = common.samples_per_client(5)

@@ -94,6 +94,7 @@ FEMNIST_SAMPLES = 150  # training samples per client (the paper: 15,000 over 100
 
 @dataclasses.dataclass(frozen=True)
 class Config(common.Training):
+  UNSHARDED = "SRPFL's timed schedules"
   participation: tuple = cfg.setting(
       (1.0, 0.2), cfg.Check(float, low=0.0, high=1.0, open_low=True, sequence=True),
       "fractions of the M clients sampled each round (N = participation x M), one row of "

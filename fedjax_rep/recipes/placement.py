@@ -1,0 +1,124 @@
+"""Where a recipe's clients run: `devices` (the client axis split over that many devices,
+across the processes of a job) and `cohort_groups` (the stratified cohort that makes the
+numbers independent of the device count), settings every recipe has.
+
+A recipe's algorithms get them through `linear` and `neural`; `check` refuses, before any
+work, a recipe whose algorithms cannot shard (naming the algorithm) and a device count
+that the devices JAX sees cannot serve.
+"""
+
+import dataclasses
+import math
+
+from fedjax_rep.recipes import config as cfg
+
+# The linear algorithms that shard (FedRep and its GD-GD variants); the others (local,
+# FedAvg, FedAvg-FT, FLUTE, the timed schedules) run on one device.
+LINEAR_SHARDED = ("fedrep", "gd-gd", "10gd-gd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """The two settings, fields of every recipe's configuration. Class attributes (not
+  fields): UNSHARDED, the algorithm (and why) where the recipe runs none that shards;
+  SHARDED_ALGORITHMS, the names of its `algorithms` that shard where they are not the
+  neural registry's."""
+  UNSHARDED = None
+  SHARDED_ALGORITHMS = None
+  devices: int | str = cfg.setting(
+      1, cfg.Check(int, low=1, words=("all",)),
+      "devices the client axis is split over (all: every device JAX sees, those of every "
+      "process of a job)", listed_last=True)
+  cohort_groups: int | None = cfg.setting(
+      None, cfg.Check(int, low=1, optional=True),
+      "draw each round's cohort stratified over this many contiguous client groups (a "
+      "multiple of devices): with it fixed, any device count gives the same numbers",
+      listed_last=True)
+
+
+def device_count(config) -> int:
+  """The number of devices of `config.devices` (all: every device JAX sees; 1 for a
+  configuration without the field, e.g. a recipe registered by hand)."""
+  import jax
+  devices = getattr(config, "devices", 1)
+  return len(jax.devices()) if devices == "all" else devices
+
+
+def sharded(config) -> bool:
+  """Whether `config` asks for more than one device or for cohort groups."""
+  return getattr(config, "devices", 1) != 1 or getattr(config, "cohort_groups", None) is not None
+
+
+def check(config) -> None:
+  """ConfigError unless `config`'s placement can run: devices at most those JAX sees,
+  cohort_groups a multiple of devices, and, when sharded, every algorithm of
+  config.algorithms able to shard (`can_shard`), and none at all where the configuration's
+  class sets UNSHARDED."""
+  if not sharded(config):
+    return
+  import jax
+  devices = device_count(config)
+  if devices > len(jax.devices()):
+    raise cfg.ConfigError(
+        f"devices={config.devices} is out of range: JAX sees {len(jax.devices())} devices "
+        f"(emulate more CPU devices with XLA_FLAGS=--xla_force_host_platform_device_count=N, "
+        f"or run a job of several processes); use devices=all or fewer")
+  if config.cohort_groups is not None and config.cohort_groups % devices:
+    raise cfg.ConfigError(f"cohort_groups={config.cohort_groups} must be a multiple of "
+                          f"devices={devices} (every device holds the same number of groups)")
+  asked = f"devices={config.devices}, cohort_groups={config.cohort_groups or 'auto'}"
+  if type(config).UNSHARDED is not None:
+    raise cfg.ConfigError(f"{type(config).UNSHARDED}: one device only, cannot run sharded "
+                          f"({asked}); use devices=1 and cohort_groups=auto")
+  for name in getattr(config, "algorithms", ()):
+    reason = can_shard(name, type(config).SHARDED_ALGORITHMS)
+    if reason is not None:
+      raise cfg.ConfigError(f"algorithm {name} cannot run sharded ({asked}): {reason}; drop "
+                            f"it from algorithms or use devices=1 and cohort_groups=auto")
+  check_counts(config, devices)
+
+
+def check_counts(config, devices: int) -> None:
+  """ConfigError unless every number of clients of `config` (num_clients, a number or a
+  list) and its cohort (participation) split evenly over the cohort groups (default: one
+  per device) and the clients over the devices."""
+  from fedjax_rep.core.cohort import cohort_size
+  groups = config.cohort_groups or devices
+  as_tuple = lambda value: value if isinstance(value, tuple) else (value,)
+  for n in as_tuple(getattr(config, "num_clients", ())):
+    for r in as_tuple(getattr(config, "participation", 1.0)):
+      cohort = cohort_size(n, r) if n else None
+      if n and (n % groups or n % devices or cohort % groups):
+        raise cfg.ConfigError(
+            f"num_clients={n} (cohort {cohort} at participation={r}) must split evenly: the "
+            f"clients over devices={devices} and the {groups} cohort groups, the cohort over "
+            f"the groups; choose num_clients and cohort_groups so (e.g. num_clients a "
+            f"multiple of {groups * devices // math.gcd(groups, devices)})")
+
+
+def can_shard(name: str, sharded_names: tuple | None = None) -> str | None:
+  """None when the algorithm `name` shards, else why not: one of `sharded_names` (a linear
+  recipe's), or, where that is None, an algorithm of the neural registry whose round
+  shards (`Personalized.sharding_refusal`)."""
+  if sharded_names is not None:
+    return None if name in sharded_names else (
+        f"of this recipe's algorithms only {', '.join(sharded_names)} shard")
+  from fedjax_rep.nn import registry as nn_registry
+  return nn_registry.make_algorithm(name, model=None, cohort=1).sharding_refusal()
+
+
+def keywords(config) -> dict:
+  """The neural algorithms' keywords of `config`: devices (None for one) and
+  cohort_groups."""
+  devices = device_count(config)
+  return {"devices": None if devices == 1 else devices, "cohort_groups": config.cohort_groups}
+
+
+def linear(algorithm, config):
+  """The linear FedRep `algorithm` with `config`'s devices and cohort groups (its
+  client_groups)."""
+  if not sharded(config):
+    return algorithm
+  devices = device_count(config)
+  return dataclasses.replace(algorithm, devices=None if devices == 1 else devices,
+                             client_groups=config.cohort_groups)
