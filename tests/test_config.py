@@ -235,3 +235,33 @@ def test_every_recipes_configuration_replays(quick, tmp_path):
                                 "config": dataclasses.asdict(config)}))
     what = registry.replay(str(path))
     assert registry.resolve(name, quick=quick, overrides=what["overrides"]) == config, name
+
+
+@pytest.mark.parametrize("environ,expected", [
+    ({}, None),
+    ({"SLURM_NTASKS": "4"}, None),  # an allocation, not a step of several tasks
+    ({"SLURM_STEP_NUM_TASKS": "2"}, {}),
+    ({"OMPI_COMM_WORLD_SIZE": "2"}, {}),
+    ({"JAX_COORDINATOR_ADDRESS": "h:1", "NUM_PROCESSES": "2", "PROCESS_ID": "1"},
+     {"coordinator_address": "h:1", "num_processes": 2, "process_id": 1}),
+    ({"NUM_PROCESSES": "2"}, "NUM_PROCESSES set without JAX_COORDINATOR_ADDRESS, PROCESS_ID"),
+    ({"JAX_COORDINATOR_ADDRESS": "h:1", "NUM_PROCESSES": "two", "PROCESS_ID": "0"},
+     "must be integers"),
+    ({"JAX_COORDINATOR_ADDRESS": "h:1", "NUM_PROCESSES": "2", "PROCESS_ID": "2"},
+     r"PROCESS_ID in \[0, NUM_PROCESSES\)"),
+])
+def test_the_job_the_environment_names(environ, expected):
+  """A job of several processes from the environment, or a clear error naming the variable."""
+  from fedjax_rep.core import distributed
+  if isinstance(expected, str):
+    with pytest.raises(distributed.JobError, match=expected):
+      distributed.job_environment(environ)
+  else:
+    assert distributed.job_environment(environ) == expected
+
+
+def test_a_partial_job_environment_fails_in_one_line(monkeypatch, capsys, tmp_path, compiles):
+  monkeypatch.setenv("NUM_PROCESSES", "2")
+  assert cli.main(["run", "fedrep-fig3", "--quick", "--out", str(tmp_path / "out")]) == 2
+  assert "NUM_PROCESSES set without" in capsys.readouterr().err
+  assert compiles.count == 0 and not (tmp_path / "out").exists()

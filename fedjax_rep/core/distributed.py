@@ -27,9 +27,9 @@ class JobError(ValueError):
 def job_environment(environ=None) -> dict | None:
   """`jax.distributed.initialize`'s keywords for the job the environment names, or None
   for a single process: JAX_COORDINATOR_ADDRESS (HOST:PORT of process 0), NUM_PROCESSES
-  and PROCESS_ID all set; or a Slurm or Open MPI launch of more than one task (SLURM_NTASKS,
-  OMPI_COMM_WORLD_SIZE), which JAX detects itself ({}). JobError for some of the three
-  variables without the others, or values out of range."""
+  and PROCESS_ID all set; or a Slurm (srun) or Open MPI (mpirun) launch of more than one
+  task (SLURM_STEP_NUM_TASKS, OMPI_COMM_WORLD_SIZE), which JAX detects itself ({}).
+  JobError for some of the three variables without the others, or values out of range."""
   environ = os.environ if environ is None else environ
   given = [name for name in (ADDRESS, COUNT, INDEX) if environ.get(name)]
   if given:
@@ -48,7 +48,7 @@ def job_environment(environ=None) -> dict | None:
                      f"{INDEX}={index}")
     return {"coordinator_address": environ[ADDRESS], "num_processes": count,
             "process_id": index}
-  for name in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+  for name in ("SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE"):  # srun's step, mpirun's
     if environ.get(name, "1").isdigit() and int(environ.get(name, "1")) > 1:
       return {}
   return None
