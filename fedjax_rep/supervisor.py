@@ -4,8 +4,8 @@ turns the runtime's report of a lost process into one line.
 When a process of a job dies, JAX's coordination service ends the others by aborting them
 from C++, with a multi-line log and a stack trace on stderr that Python cannot catch. The
 supervisor (the process the user started) runs the command in a child process, passes its
-output through, and keeps back the runtime's own log lines (absl's E and F lines, and all
-that follows them); if the child then fails, it writes them to a file (in the run's
+output through, and keeps back the runtime's own report (from absl's E and F lines, a
+Python error log line or a traceback on, all that follows); if the child then fails, it writes them to a file (in the run's
 directory) and prints one line that says what happened and how to resume. Lines of the command's own (`fedjax-rep: ...`)
 always pass.
 """
@@ -20,7 +20,10 @@ import threading
 import time
 
 CHILD = "FEDJAX_REP_JOB_CHILD"  # set in the child: it runs the command itself
-RUNTIME_LOG = re.compile(rb"^[EF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
+# The start of a report: absl's E and F lines (C++), Python's ERROR and CRITICAL log
+# lines (e.g. orbax's threads) and tracebacks.
+RUNTIME_LOG = re.compile(rb"^([EF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] |(ERROR|CRITICAL):"
+                         rb"\w+:|Traceback \(most recent call last\):|Exception in thread )")
 OWN = b"fedjax-rep: "
 
 
@@ -82,8 +85,9 @@ def run(argv: list[str]) -> int:
                                    suffix=".log", delete=False) as report:
     report.write(b"".join(held))
   if not own_error:
-    print(f"fedjax-rep: error: process {index} of the job was stopped by JAX's coordination "
-          f"service: another process died or stopped answering (its report: {report.name}); "
-          f"what ran is saved in {out}; resume the job with `fedjax-rep run --resume {out}` "
+    first = next(line for line in held if line.strip()).decode(errors="replace").strip()
+    print(f"fedjax-rep: error: process {index} of the job stopped (exit {code}: "
+          f"{first[:160]}...; the whole report: {report.name}); if another process died, "
+          f"what ran is saved in {out}: resume the job with `fedjax-rep run --resume {out}` "
           f"on every process", file=sys.stderr)
   return 1
