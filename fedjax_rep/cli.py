@@ -201,8 +201,9 @@ def _needs_supervisor() -> bool:
 
 def command() -> None:
   """The `fedjax-rep` console script: `main()` (a process of a job runs it in a child under
-  `supervisor`), then an immediate exit with its code once stdout and stderr are flushed. Everything a run writes is written and closed by then;
-  the interpreter's teardown of jax and XLA would only delay the shell."""
+  `supervisor`), then an immediate exit with its code once stdout and stderr are flushed.
+  Everything a run writes is written and closed by then; the interpreter's teardown of jax
+  and XLA would only delay the shell."""
   from fedjax_rep import supervisor
   if supervisor.supervised():
     supervisor.follow_supervisor()

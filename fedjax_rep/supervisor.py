@@ -5,9 +5,9 @@ When a process of a job dies, JAX's coordination service ends the others by abor
 from C++, with a multi-line log and a stack trace on stderr that Python cannot catch. The
 supervisor (the process the user started) runs the command in a child process, passes its
 output through, and keeps back the runtime's own report (from absl's E and F lines, a
-Python error log line or a traceback on, all that follows); if the child then fails, it writes them to a file (in the run's
-directory) and prints one line that says what happened and how to resume. Lines of the command's own (`fedjax-rep: ...`)
-always pass.
+Python error log line or a traceback on, all that follows); if the child then fails, it
+writes them to a file (in the run's directory) and prints one line that says what happened
+and how to resume. Lines of the command's own (`fedjax-rep: ...`) always pass.
 """
 
 import os

@@ -85,7 +85,8 @@ def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> l
     metrics = unit(f"n{label}", lambda: shared.run_seeds(
         algorithm, jax.tree.map(lambda leaf: np.take(np.asarray(leaf), index, axis=0), data),
         shared.concatenate([jax.tree.map(lambda x: x[None], h) for h in hparams]),
-        shared.run_keys(keys, np.tile(np.arange(seeds), len(runs))), config.rounds, progress, desc=f"n={label}", hparams_axis=0).metrics)
+        shared.run_keys(keys, np.tile(np.arange(seeds), len(runs))), config.rounds, progress,
+        desc=f"n={label}", hparams_axis=0).metrics)
     for r, run_key in enumerate(runs):
       curves[run_key] = {k: v[r * seeds:(r + 1) * seeds] for k, v in metrics.items()}
   return [row for c, combo in enumerate(combos) for n in config.num_clients
