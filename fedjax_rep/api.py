@@ -37,6 +37,7 @@ from fedjax_rep.linear.underparam import make_models, rank_k_error, spectrum, to
 from fedjax_rep.linear.underparam import make_data as make_underparam_data
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.nn.algorithm import NNState, Personalized
+from fedjax_rep.nn.conventions import resolve as nn_conventions
 from fedjax_rep.nn.hparams import NNHparams
 from fedjax_rep.nn.hparams import hparams as nn_hparams
 from fedjax_rep.nn.models import MODELS, make_model

@@ -16,6 +16,12 @@ The baselines (BASELINES) are written from their modules' docstrings: their loca
 are `sgd` with a gradient function of the algorithm's objective, their hyperparameters
 the keyword `options` of `masked_round` and `evaluate`, named as `make_algorithm` names
 them (prox_mu, ditto_lambda, apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda).
+
+The authors' conventions (`nn.conventions`) are switches of ALGORITHMS: bias_decay=False
+(the option no_bias_decay: `sgd` leaves biases undecayed), uniform=True (uniform_average:
+`masked_round` weighs the trained clients 1 each instead of their sample counts) and
+`start_untrained` (average_untrained, after each round). `sgd_momentum` starts from and
+returns SGD's momentum buffers (FLUTE*'s head-first order, in flute_reference).
 """
 
 import math
@@ -113,18 +119,30 @@ def epoch_orders(key, count: int, size: int, epochs: int) -> list[np.ndarray]:
 
 
 def sgd(params: dict, trainable: list, grad_fn, x, y, count: int, key, hp, epochs: int,
-        batch_size: int):
+        batch_size: int, *, bias_decay: bool = True):
   """(params, mean minibatch loss) after `epochs` of minibatch SGD on the names
   `trainable` (the rest frozen), a step's (loss, gradient) being grad_fn(params, xb, yb)
   (the gradient a dict over at least `trainable`) of its minibatch xb, yb: the real rows of
   its positions, in position order. x [m, ...], y [m] padded, the first `count` rows real.
   Each epoch's order is cut into minibatches of batch_size positions; a minibatch with no
   real row is no step. SGD as PyTorch's: g += wd * p; buf = momentum * buf + g (buf = 0 at
-  the start of the call); p -= lr * buf. The mean loss is over the steps taken, each at
-  the params before it."""
+  the start of the call); p -= lr * buf, wd = `decay(p)` (bias_decay=False: 0 on biases).
+  The mean loss is over the steps taken, each at the params before it."""
+  params, loss, _ = sgd_momentum(params, trainable, grad_fn, x, y, count, key, hp, epochs,
+                                 batch_size, bias_decay=bias_decay)
+  return params, loss
+
+
+def sgd_momentum(params: dict, trainable: list, grad_fn, x, y, count: int, key, hp,
+                 epochs: int, batch_size: int, *, bias_decay: bool = True,
+                 buf: dict | None = None):
+  """`sgd` from the momentum buffers `buf` ({name: array like the param}; None, or a name of
+  `trainable` not in it: zeros, as a PyTorch optimiser's state of a param that had no
+  gradient yet), also returning them: (params, mean minibatch loss, buf over `trainable`)."""
   params = {p: np.array(v, np.float64) for p, v in params.items()}
-  lr, momentum, wd = float(hp.lr), float(hp.momentum), float(hp.weight_decay)
-  buf = {p: np.zeros_like(params[p]) for p in trainable}
+  lr, momentum = float(hp.lr), float(hp.momentum)
+  buf = {p: np.array((buf or {}).get(p, np.zeros_like(params[p])), np.float64)
+         for p in trainable}
   size = x.shape[0]
   losses = []
   for order in epoch_orders(key, count, size, epochs):
@@ -135,16 +153,25 @@ def sgd(params: dict, trainable: list, grad_fn, x, y, count: int, key, hp, epoch
       loss, grads = grad_fn(params, x[rows], y[rows])
       losses.append(loss)
       for p in trainable:
-        g = grads[p] + wd * params[p]
+        g = grads[p] + decay(p, hp, bias_decay) * params[p]
         buf[p] = momentum * buf[p] + g
         params[p] = params[p] - lr * buf[p]
-  return params, (float(np.mean(losses)) if losses else 0.0)
+  return params, (float(np.mean(losses)) if losses else 0.0), buf
+
+
+def decay(name, hp, bias_decay: bool = True) -> float:
+  """The weight decay of the param `name`: hp's, or 0 for a bias (a name ending in '/bias')
+  with bias_decay=False (the authors' codes put biases in a group without decay)."""
+  if not bias_decay and name.endswith("/bias"):
+    return 0.0
+  return float(hp.weight_decay)
 
 
 def sgd_epochs(params: dict, trainable: list[str], x, y, count: int, key, hp, epochs: int,
-               batch_size: int):
+               batch_size: int, *, bias_decay: bool = True):
   """`sgd` on a minibatch's mean cross-entropy (its loss: the mean over its real rows)."""
-  return sgd(params, trainable, loss_and_grads, x, y, count, key, hp, epochs, batch_size)
+  return sgd(params, trainable, loss_and_grads, x, y, count, key, hp, epochs, batch_size,
+             bias_decay=bias_decay)
 
 
 def proximal(grad_fn, center: dict, mu: float):
@@ -185,18 +212,19 @@ def shared_names(name: str, params: dict) -> list[str]:
 
 
 def client_update(name: str, params: dict, x, y, count: int, key, hp, *, local_epochs: int,
-                  head_epochs: int, batch_size: int):
+                  head_epochs: int, batch_size: int, bias_decay: bool = True):
   """(trained params, mean loss) of one client starting from its params (shared + its
   personal) with its key fold_in(round_key, i). FedRep: head_epochs on the head (body
   frozen), then local_epochs on the body (head frozen), the loss of the body's; the others:
-  local_epochs on all params at once."""
+  local_epochs on all params at once. bias_decay: `sgd`'s."""
   if name == "fedrep":
     key_head, key_body = jax.random.split(key)
     params, _ = sgd_epochs(params, head_names(params), x, y, count, key_head, hp, head_epochs,
-                           batch_size)
+                           batch_size, bias_decay=bias_decay)
     return sgd_epochs(params, body_names(params), x, y, count, key_body, hp, local_epochs,
-                      batch_size)
-  return sgd_epochs(params, list(params), x, y, count, key, hp, local_epochs, batch_size)
+                      batch_size, bias_decay=bias_decay)
+  return sgd_epochs(params, list(params), x, y, count, key, hp, local_epochs, batch_size,
+                    bias_decay=bias_decay)
 
 
 # -- the baselines' clients: each (what it sends, its new personal params, mean loss) ------
@@ -285,11 +313,12 @@ def per_fedavg_client(shared, x, y, count, key, hp, *, epochs, batch_size, maml_
 
 
 def client_round(name: str, shared: dict, personal: dict, x, y, count: int, key, hp, *,
-                 local_epochs: int, head_epochs: int, batch_size: int, **options):
+                 local_epochs: int, head_epochs: int, batch_size: int,
+                 bias_decay: bool = True, **options):
   """(what a client of algorithm `name` sends the server, its new personal params, its mean
   loss) after training from the server's params `shared` and its own `personal` with its
   key fold_in(round_key, i). ALGORITHMS send their `shared_names` params of
-  `client_update`'s and keep the rest."""
+  `client_update`'s (bias_decay: `sgd`'s) and keep the rest."""
   structure = dict(epochs=local_epochs, batch_size=batch_size)
   if name == "fedprox":
     return fedprox_client(shared, x, y, count, key, hp, **structure,
@@ -307,27 +336,27 @@ def client_round(name: str, shared: dict, personal: dict, x, y, count: int, key,
                              maml_inner_lr=options["maml_inner_lr"])
   trained, loss = client_update(name, {**shared, **personal}, x, y, count, key, hp,
                                 local_epochs=local_epochs, head_epochs=head_epochs,
-                                batch_size=batch_size)
+                                batch_size=batch_size, bias_decay=bias_decay)
   averaged = shared_names(name, trained)
   return ({p: trained[p] for p in averaged},
           {p: v for p, v in trained.items() if p not in averaged}, loss)
 
 
 # -- rounds and evaluation -----------------------------------------------------------------
-def server_update(shared: dict, sent: list[dict], counts: list[int],
+def server_update(shared: dict, sent: list[dict], weights: list[float],
                   num_clients: int) -> dict:
-  """The server's new params from what the trained clients sent (`sent`, their sample
-  counts `counts`): the count-weighted mean of the model params (the server's, unchanged,
-  if none trained); SCAFFOLD's control c ('control/<p>') + the sum of the sent c_i+ - c_i
-  over the num_clients clients."""
-  total = sum(counts)
+  """The server's new params from what the trained clients sent (`sent`, their weights
+  `weights`: sample counts, or 1 each with the option uniform_average): the weighted mean
+  of the model params (the server's, unchanged, if none trained); SCAFFOLD's control c
+  ('control/<p>') + the sum of the sent c_i+ - c_i over the num_clients clients."""
+  total = sum(weights)
   new = {}
   for p, v in shared.items():
     v = np.asarray(v, np.float64)
     if p.startswith(CONTROL):
       new[p] = v + sum(s[p] for s in sent) / num_clients
     elif total > 0:
-      new[p] = sum(count * s[p] for count, s in zip(counts, sent)) / total
+      new[p] = sum(w * s[p] for w, s in zip(weights, sent)) / total
     else:
       new[p] = v
   return new
@@ -335,14 +364,20 @@ def server_update(shared: dict, sent: list[dict], counts: list[int],
 
 def masked_round(name: str, shared: dict, personal: list[dict], key, data, hp, clients,
                  mask=None, *, local_epochs: int = 1, head_epochs: int = 0,
-                 batch_size: int = 10, **options):
+                 batch_size: int = 10, bias_decay: bool = True, uniform: bool = False,
+                 **options):
   """One round: (shared, personal, train_loss). shared: the server's params {name: array};
   personal: client i's own params personal[i] {name: array}; data: numpy x [n, m, ...],
   y [n, m], counts [n] (attributes); options: the baselines' hyperparameters. Clients
   `clients` with mask True train (`client_round`, key fold_in(key, i)); the server updates
   its params from what they sent (`server_update`), they keep their new personal params,
-  every other client keeps its own. train_loss: the count-weighted mean of the trained
-  clients' mean losses (0 if none). L2GD: `l2gd_round`."""
+  every other client keeps its own. train_loss: the weighted mean of the trained clients'
+  mean losses (0 if none). The weights are the sample counts, or 1 each with uniform (the
+  option uniform_average); bias_decay=False: no weight decay on biases (`sgd`); both written
+  for ALGORITHMS only. L2GD: `l2gd_round`. (The option average_untrained: `start_untrained`
+  after it.)"""
+  if name not in ALGORITHMS and (uniform or not bias_decay):
+    raise ValueError(f"{name}: uniform and bias_decay are written for {ALGORITHMS} only")
   if name == "l2gd":
     return l2gd_round(shared, personal, key, data, hp, clients, mask,
                       local_epochs=local_epochs, batch_size=batch_size,
@@ -350,34 +385,62 @@ def masked_round(name: str, shared: dict, personal: list[dict], key, data, hp, c
   def client(own, x, y, count, client_key):
     return client_round(name, shared, own, x, y, count, client_key, hp,
                         local_epochs=local_epochs, head_epochs=head_epochs,
-                        batch_size=batch_size, **options)
+                        batch_size=batch_size, bias_decay=bias_decay, **options)
 
-  sent, counts, new_personal, loss = train_cohort(client, personal, key, data, clients, mask)
-  return server_update(shared, sent, counts, data.num_clients), new_personal, loss
+  sent, weights, new_personal, loss = train_cohort(client, personal, key, data, clients, mask,
+                                                   uniform=uniform)
+  return server_update(shared, sent, weights, data.num_clients), new_personal, loss
 
 
-def train_cohort(client, personal: list[dict], key, data, clients, mask=None):
-  """(what the trained clients sent [dicts], their counts, every client's personal params,
-  train_loss): clients `clients` with mask True (None: all) train, client i as
+def server_weight(data, i: int, uniform: bool = False) -> float:
+  """The server's weight of client i: its sample count, or 1 with uniform."""
+  return 1.0 if uniform else int(data.counts[i])
+
+
+def train_cohort(client, personal: list[dict], key, data, clients, mask=None, *,
+                 uniform: bool = False):
+  """(what the trained clients sent [dicts], their `server_weight`s, every client's personal
+  params, train_loss): clients `clients` with mask True (None: all) train, client i as
   client(personal[i], x_i [m, ...] float64, y_i [m], count_i, fold_in(key, i)) -> (sent,
   its new personal params, its mean loss); the others keep theirs. train_loss: the
-  count-weighted mean of the trained clients' losses (0 if none)."""
+  weighted mean of the trained clients' losses (0 if none)."""
   mask = [True] * len(clients) if mask is None else list(mask)
   new_personal = [dict(p) for p in personal]
-  sent, counts, loss_sum = [], [], 0.0
+  sent, weights, loss_sum = [], [], 0.0
   for i, trains in zip(clients, mask):
     i = int(i)
     if not trains:
       continue
-    count = int(data.counts[i])
     client_sent, new_personal[i], loss = client(
-        personal[i], np.asarray(data.x[i], np.float64), np.asarray(data.y[i]), count,
-        jax.random.fold_in(key, i))
+        personal[i], np.asarray(data.x[i], np.float64), np.asarray(data.y[i]),
+        int(data.counts[i]), jax.random.fold_in(key, i))
     sent.append(client_sent)
-    counts.append(count)
-    loss_sum += count * loss
-  total = sum(counts)
-  return sent, counts, new_personal, (loss_sum / total if total > 0 else 0.0)
+    weights.append(server_weight(data, i, uniform))
+    loss_sum += weights[-1] * loss
+  total = sum(weights)
+  return sent, weights, new_personal, (loss_sum / total if total > 0 else 0.0)
+
+
+def start_untrained(personal: list[dict], untrained, data, clients, mask=None, *,
+                    uniform: bool = False):
+  """The option average_untrained after a round of clients `clients` (those with mask True
+  trained; None: all), `personal` the clients' params after it: (personal, untrained [n]
+  bool) with the trained clients marked trained in `untrained` [n] (bool, the clients that
+  had not trained before) and every client still untrained given the `server_weight`ed
+  mean of the trained clients' personal params (unchanged if none trained)."""
+  mask = [True] * len(clients) if mask is None else list(mask)
+  trained = [int(i) for i, trains in zip(clients, mask) if trains]
+  untrained = np.array(untrained, bool)
+  untrained[trained] = False
+  personal = [dict(p) for p in personal]
+  if not trained:
+    return personal, untrained
+  weights = [server_weight(data, i, uniform) for i in trained]
+  mean = {p: sum(w * personal[i][p] for w, i in zip(weights, trained)) / sum(weights)
+          for p in personal[0]}
+  for i in np.flatnonzero(untrained):
+    personal[i] = dict(mean)
+  return personal, untrained
 
 
 def l2gd_averages(key, l2gd_p: float) -> bool:

@@ -183,7 +183,7 @@ def test_bad_lambda_fails_before_any_compile(options, message, compiles):
      r"mtl_lambda=-1.0 is out of range: mtl_lambda must be finite and >= 0"),
     (lambda: hparams_lib.hparams(mtl_lambda=math.inf), r"mtl_lambda=inf is out of range"),
     (lambda: hparams_lib.hparams(mtl_lamda=1.0),
-     r"unknown hparams options \['mtl_lamda'\]; known: \['mtl_lambda'\]"),
+     r"unknown hparams options \['mtl_lamda'\]; known: \[.*'mtl_lambda'.*\]"),
     (lambda: make("fed-mtl", mtl_omega="identity"),
      r"mtl_omega must be one of \('ones', 'eye', 'centering'\), got 'identity'")])
 def test_bad_options_are_refused(build, message, compiles):

@@ -3,10 +3,11 @@
 A neural algorithm is a frozen dataclass deriving from `algorithm.Personalized`, which
 does the round: sample a cohort, train every client locally (one `vmap` over groups of
 `client_group` clients, `train.sgd_epochs`: padded datasets, masked steps, optax SGD),
-average the shared parameters weighted by sample counts (`core.aggregate`), keep every
-client's personal parameters (stacked [n, ...], sampled or not), and `evaluate` each
-client on its own test set. Parameters are flat dicts split by a label tree
-(`params.py`): which are shared, which personal.
+average the shared parameters weighted by sample counts (`core.aggregate`; uniformly
+under the authors' conventions, `conventions.py`), keep every client's personal
+parameters (stacked [n, ...], sampled or not), and `evaluate` each client on its own test
+set. Parameters are flat dicts split by a label tree (`params.py`): which are shared,
+which personal.
 
 To add an algorithm, write one short file:
 

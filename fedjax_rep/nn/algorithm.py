@@ -27,6 +27,7 @@ devices=None with the same `cohort_groups` (up to float32 summation order).
 """
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +41,7 @@ from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import sharding
 from fedjax_rep.core import struct
 from fedjax_rep.core import tree
+from fedjax_rep.nn import conventions
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import train
 from fedjax_rep.nn.hparams import NNHparams
@@ -49,16 +51,22 @@ from fedjax_rep.nn.hparams import NNHparams
 class NNState:
   """shared: flat params kept by the server (once); personal: flat params kept by the
   clients, each [n, ...] (sampled or not, a client keeps its own across rounds);
-  eval_key: uint32 key data of the randomness of evaluation (fine-tuning shuffles)."""
+  eval_key: uint32 key data of the randomness of evaluation (fine-tuning shuffles);
+  untrained: bool [n], the clients that have not trained yet, kept only with the option
+  `average_untrained` (`conventions`' starting_heads; None otherwise)."""
   shared: dict
   personal: dict
   eval_key: jax.Array
+  untrained: jax.Array | None = None
 
 
 # Leading (client) axis split over the client mesh's devices; how an NNState lies on the mesh
 # (personal params split by client, the rest replicated: a pytree prefix, as shard_map takes).
 BY_CLIENT = PartitionSpec(sharding.CLIENTS)
-STATE_SPECS = NNState(shared=PartitionSpec(), personal=BY_CLIENT, eval_key=PartitionSpec())
+STATE_SPECS = NNState(shared=PartitionSpec(), personal=BY_CLIENT, eval_key=PartitionSpec(),
+                      untrained=BY_CLIENT)
+AVERAGE_UNTRAINED = conventions.OPTIONS["starting_heads"]
+UNIFORM_AVERAGE = conventions.OPTIONS["averaging"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +92,9 @@ class Personalized:
   name: str = "personalized"
   cohort_groups: int | None = None
   devices: int | None = None
+  # Whether the option `average_untrained` (`conventions`' starting_heads) applies: the
+  # algorithms whose authors' code lets untrained clients alias the global model.
+  averages_untrained: ClassVar[bool] = False
 
   def labels(self, flat: dict) -> dict:
     """The label tree: FedRep and FedPer share the body and personalise the head."""
@@ -155,17 +166,21 @@ class Personalized:
   def check(self, data, hparams: NNHparams) -> None:
     """The checks of a run, before anything compiles (`core.checks`): the data's own
     (`ClientDatasets.check`, with labels below the classes the model's head outputs too),
-    1 <= cohort <= num_clients and the sharding (`check_sharding`)."""
-    del hparams
+    1 <= cohort <= num_clients, the sharding (`check_sharding`), and the option
+    `average_untrained` only where it applies (`averages_untrained`)."""
+    if AVERAGE_UNTRAINED in hparams.options and not self.averages_untrained:
+      raise ValueError(f"{self.name}: the option {AVERAGE_UNTRAINED} (starting_heads="
+                       f"averaged) applies to FedRep, FedPer, LG-FedAvg and FLUTE, whose "
+                       f"authors' code has it; leave it out for {self.name}")
     data.check(min(data.num_classes, getattr(self.model, "num_classes", data.num_classes)))
     checks.in_range("cohort", self.cohort, 1, data.num_clients, "the number of clients",
                     "sample at most that many clients per round")
     self.check_sharding(data.num_clients)
 
   def init(self, key, data, hparams: NNHparams) -> NNState:
-    """The model's initial params (one draw: every client starts from the same model); when
-    sharded, laid out as STATE_SPECS says on the client mesh."""
-    del hparams
+    """The model's initial params (one draw: every client starts from the same model), and
+    every client untrained where the option `average_untrained` is given; when sharded,
+    laid out as STATE_SPECS says on the client mesh."""
     self.check_sharding(data.num_clients)
     key_model, key_eval = jax.random.split(key)
     sample = jnp.zeros((1, *data.x.shape[2:]), data.x.dtype)
@@ -173,7 +188,10 @@ class Personalized:
     shared, personal = self.initial_parts(flat)
     personal = jax.tree.map(lambda p: jnp.broadcast_to(p, (data.num_clients, *p.shape)),
                             personal)
-    state = NNState(shared=shared, personal=personal, eval_key=jax.random.key_data(key_eval))
+    untrained = (jnp.ones(data.num_clients, bool) if AVERAGE_UNTRAINED in hparams.options
+                 else None)
+    state = NNState(shared=shared, personal=personal, eval_key=jax.random.key_data(key_eval),
+                    untrained=untrained)
     if self.devices is None:
       return state
     mesh = sharding.client_mesh(self.devices)
@@ -202,7 +220,8 @@ class Personalized:
       group_ids = offset // (num_clients // groups) + jnp.arange(groups // self.devices)
       clients = cohort_lib.sample_grouped(key_cohort, num_clients, self.cohort, groups,
                                           group_ids)
-      return self.train_clients(state, key_clients, data, hparams, clients - offset, clients)
+      return (*self.train_clients(state, key_clients, data, hparams, clients - offset,
+                                  clients), clients)
 
     def server(shared, sent, weights, losses):
       return self.server_step(shared, sent, weights, losses, num_clients)
@@ -210,9 +229,10 @@ class Personalized:
     mesh = sharding.client_mesh(self.devices)
     # check_vma off for training: its scans start from replicated carries (SGD's params,
     # loss totals) that become per-device, which JAX's varying-axes types would reject.
-    state, sent, weights, losses = jax.shard_map(
+    state, sent, weights, losses, clients = jax.shard_map(
         local, mesh=mesh, in_specs=(STATE_SPECS, BY_CLIENT),
-        out_specs=(STATE_SPECS, BY_CLIENT, BY_CLIENT, BY_CLIENT), check_vma=False)(state, data)
+        out_specs=(STATE_SPECS, BY_CLIENT, BY_CLIENT, BY_CLIENT, BY_CLIENT),
+        check_vma=False)(state, data)
     try:  # check_vma on: JAX proves the server's outputs the same on every device
       shared, metrics = jax.shard_map(
           server, mesh=mesh, in_specs=(PartitionSpec(), BY_CLIENT, BY_CLIENT, BY_CLIENT),
@@ -224,22 +244,27 @@ class Personalized:
                        f"step combines the cohort's values without `cohort_sum` (a psum over "
                        f"the devices), so the devices would disagree on the shared params; "
                        f"use devices=None") from error
-    return state.replace(shared=shared), metrics
+    return self.start_untrained(state.replace(shared=shared), clients, weights, None,
+                                hparams), metrics
 
   def masked_round(self, state: NNState, key, data, hparams: NNHparams, clients, mask=None):
     """One round of clients `clients` [c] where `mask` [c] (bool; None: all) is True: they
     train (client i with key fold_in(key, i)), the server averages their shared params
     weighted by their sample counts, and they keep their new personal params; masked and
-    unsampled clients keep theirs. Metrics: train_loss (count-weighted mean over the
-    cohort of each client's mean minibatch loss). On one device (with `devices` set, use
-    `round`: each device draws its own part of the cohort)."""
+    unsampled clients keep theirs (`start_untrained`: with the option average_untrained,
+    those that have not trained yet take the cohort's mean). Metrics: train_loss
+    (count-weighted mean over the cohort of each client's mean minibatch loss). The weights
+    are uniform instead of sample counts with the option uniform_average
+    (`client_weights`). On one device (with `devices` set, use `round`: each device draws
+    its own part of the cohort)."""
     if self.devices is not None:
       raise ValueError(f"{self.name}: masked_round trains given clients on one device; with "
                        f"devices={self.devices} use round")
     state, sent, weights, losses = self.train_clients(state, key, data, hparams, clients,
                                                       clients, mask)
     shared, metrics = self.server_step(state.shared, sent, weights, losses, data.num_clients)
-    return state.replace(shared=shared), metrics
+    return self.start_untrained(state.replace(shared=shared), clients, weights, mask,
+                                hparams), metrics
 
   def train_clients(self, state: NNState, key, data, hparams: NNHparams, rows, clients,
                     mask=None):
@@ -248,8 +273,7 @@ class Personalized:
     key fold_in(key, i)), where `mask` [c] (bool; None: all) is True. Returns (state with
     their new personal params (masked and unsampled clients keep theirs), what they send
     (`client_update`'s shared output, leaves [c, ...]), their weights [c] (sample counts,
-    0 where masked), their mean minibatch losses [c])."""
-    counts = data.sample_counts(rows)
+    0 where masked; `client_weights`), their mean minibatch losses [c])."""
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, clients)
     old_personal = tree.gather(state.personal, rows)
 
@@ -260,13 +284,48 @@ class Personalized:
 
     sent, personal, losses = train.client_map(client, (old_personal, rows, keys),
                                               self.client_group)
-    weights = counts if mask is None else jnp.where(mask, counts, 0.0)
+    weights = self.client_weights(data, rows, hparams, mask)
     if mask is not None:
       personal = jax.tree.map(
           lambda new, old: jnp.where(mask.reshape(-1, *[1] * (new.ndim - 1)), new, old),
           personal, old_personal)
     state = state.replace(personal=tree.scatter(state.personal, rows, personal))
     return state, sent, weights, losses
+
+  def client_weights(self, data, rows, hparams: NNHparams, mask=None) -> jax.Array:
+    """The server's weights [c] of the clients at rows `rows` [c] of `data`: their sample
+    counts, or 1 each with the option uniform_average (the authors' codes on CIFAR); 0
+    where `mask` [c] (bool; None: all) is False."""
+    weights = data.sample_counts(rows)
+    uniform = hparams.options.get(UNIFORM_AVERAGE)
+    if uniform is not None:
+      weights = jnp.where(uniform > 0, jnp.ones_like(weights), weights)
+    return weights if mask is None else jnp.where(mask, weights, 0.0)
+
+  def start_untrained(self, state: NNState, clients, weights, mask, hparams: NNHparams):
+    """After a round of clients `clients` [c] (those where `mask` [c] is True trained;
+    None: all) with the server's weights [c]: with the option average_untrained set to 1,
+    every client that has not trained yet takes as its personal params their mean over
+    the clients that trained (weighted by `weights`; nothing where the weights sum to 0),
+    as in the authors' code, where such a client's personal params are the global
+    model's, which the server overwrites with its averages of every parameter. `state`
+    unchanged without the option."""
+    flag = hparams.options.get(AVERAGE_UNTRAINED)
+    if flag is None:
+      return state
+    trained = jnp.ones(clients.shape, bool) if mask is None else mask
+    untrained = state.untrained.at[clients].set(state.untrained[clients] & ~trained)
+    sums, total = aggregate.weighted_sum(tree.gather(state.personal, clients), weights)
+    start = untrained & (flag > 0) & (total > 0) & self.shares_params(hparams)
+    personal = jax.tree.map(
+        lambda p, s: jnp.where(start.reshape(-1, *[1] * (p.ndim - 1)), s, p),
+        state.personal, aggregate.mean(sums, total))
+    return state.replace(personal=personal, untrained=untrained)
+
+  def shares_params(self, hparams: NNHparams):
+    """Whether the server averages any parameter (bool or bool [])."""
+    del hparams
+    return True
 
   def server_step(self, shared: dict, sent: dict, weights: jax.Array, losses: jax.Array,
                   num_clients: int):

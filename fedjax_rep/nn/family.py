@@ -76,6 +76,7 @@ class Family(Personalized):
   ft_epochs are the most epochs any member runs in each phase (0: no member has that
   phase); its hparams must be `FamilyHparams`, with the option FT_EPOCHS where ft_epochs
   > 0."""
+  averages_untrained = True
   head_epochs: int = 0
   ft_epochs: int = 0
   name: str = "family"
@@ -95,6 +96,9 @@ class Family(Personalized):
                              self.local_epochs, active=member.local_epochs,
                              trainable=member.trained)
     return trained, trained, loss
+
+  def shares_params(self, hparams):
+    return jnp.any(jnp.stack(list(hparams.member.shared.values())))
 
   def eval_params(self, shared, personal, x, y, count, key, hparams):
     flat = jax.tree.map(jnp.where, hparams.member.shared, shared, personal)

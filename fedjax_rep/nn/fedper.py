@@ -11,4 +11,5 @@ from fedjax_rep.nn.algorithm import Personalized
 
 @dataclasses.dataclass(frozen=True)
 class FedPer(Personalized):
+  averages_untrained = True
   name: str = "fedper"

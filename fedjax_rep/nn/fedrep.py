@@ -16,6 +16,7 @@ from fedjax_rep.nn.algorithm import Personalized
 
 @dataclasses.dataclass(frozen=True)
 class FedRep(Personalized):
+  averages_untrained = True
   head_epochs: int = 10
   name: str = "fedrep"
 

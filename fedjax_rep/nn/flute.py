@@ -25,30 +25,39 @@ trains body and head together for local_epochs (1 on CIFAR-10, 5 on CIFAR-100); 
 adds head_epochs = 10 of the head alone. Departures from the authors' code: its feature
 penalty sums ||psi(x)||^2 over a minibatch (l1 times the batch size as a mean), here the
 mean of Eq. 10; its FLUTE* head epochs come before the joint ones, here after them, as
-Sec. 7.2 describes.
+Sec. 7.2 describes. Both are knobs (`conventions`): the traced option `feature_sum` (1:
+the sum over the minibatch's real rows) and the field `head_first` (FLUTE*'s head epochs
+first, then the joint ones from the same optimiser state: the head's momentum carries
+over, the body's starts at zero, as one PyTorch optimiser does for parameters that had no
+gradient yet).
 """
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+from optax import tree_utils as otu
 
 from fedjax_rep.core import aggregate
+from fedjax_rep.nn import conventions
 from fedjax_rep.nn import neural_collapse as nc
 from fedjax_rep.nn import train
 from fedjax_rep.nn.algorithm import Personalized
 from fedjax_rep.nn.hparams import HEAD_EPOCHS
 
 KERNEL = "head/kernel"
+FEATURE_SUM = conventions.OPTIONS["feature_penalty"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Flute(Personalized):
+  averages_untrained = True
   head_epochs: int = 0
   flute_nc: float = 0.25
   flute_head_norm: float = 0.0025
   flute_feature_norm: float = 0.0005
   flute_server_lr: float = 0.5
+  head_first: bool = False
   name: str = "flute"
 
   def head_penalty(self, head: dict, classes: jax.Array) -> jax.Array:
@@ -61,30 +70,49 @@ class Flute(Personalized):
   def client_update(self, shared, personal, x, y, count, key, hparams):
     classes = nc.class_mask(y, count, personal[KERNEL].shape[-1])
     key_joint, key_head = jax.random.split(key)
+    feature_sum = hparams.options.get(FEATURE_SUM)
+    tx = train.optimizer(hparams)
 
     def joint_loss(params, xb, yb, wb, k):
       body, head = params
       h = self.features(body, xb)
-      features = jnp.sum(wb * jnp.sum(h * h, axis=-1)) / jnp.maximum(jnp.sum(wb), 1.0)
+      rows = jnp.maximum(jnp.sum(wb), 1.0)
+      if feature_sum is not None:
+        rows = jnp.where(feature_sum > 0, 1.0, rows)
+      features = jnp.sum(wb * jnp.sum(h * h, axis=-1)) / rows
       penalty = self.flute_feature_norm * features + self.head_penalty(head, classes)
       return (train.cross_entropy(self.head_logits(head, h, k), yb, wb)
               + train.gradient_only(penalty))
 
-    (body, head), loss = self.sgd(joint_loss, (shared, personal), x, y, count, key_joint,
-                                  hparams, self.local_epochs)
-    if self.head_epochs:
+    def head_loss(p, hb, yb, wb, k):
+      return (train.cross_entropy(self.head_logits(p, hb, k), yb, wb)
+              + train.gradient_only(self.head_penalty(p, classes)))
+
+    def head_trained(body, head):
+      """(head, its optimiser state) after the head epochs on body's features."""
+      start = tx.init(head)
+      if not self.head_epochs:
+        return head, start
       active = hparams.options.get(HEAD_EPOCHS)
 
-      def head_loss(p, hb, yb, wb, k):
-        return (train.cross_entropy(self.head_logits(p, hb, k), yb, wb)
-                + train.gradient_only(self.head_penalty(p, classes)))
+      def run():
+        trained, state, _ = train.sgd_epochs_from(
+            head_loss, head, start, self.features(body, x), y, count, key_head, hparams,
+            epochs=self.head_epochs, batch_size=self.batch_size, active=active)
+        return trained, state
 
-      def head_trained():
-        return self.sgd(head_loss, head, self.features(body, x), y, count, key_head, hparams,
-                        self.head_epochs, active=active)[0]
+      return run() if active is None else jax.lax.cond(active > 0, run, lambda: (head, start))
 
-      head = (head_trained() if active is None else
-              jax.lax.cond(active > 0, head_trained, lambda: head))
+    start = tx.init((shared, personal))
+    if self.head_first:
+      personal, head_state = head_trained(shared, personal)
+      start = otu.tree_set(start, trace=(otu.tree_get(start, "trace")[0],
+                                         otu.tree_get(head_state, "trace")))
+    (body, head), _, loss = train.sgd_epochs_from(
+        joint_loss, (shared, personal), start, x, y, count, key_joint, hparams,
+        epochs=self.local_epochs, batch_size=self.batch_size)
+    if not self.head_first:
+      head, _ = head_trained(body, head)
     return body, head, loss
 
   def nc_step(self, kernels: jax.Array, classes: jax.Array, trained: jax.Array) -> jax.Array:

@@ -7,9 +7,12 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_rep.core import struct
+from fedjax_rep.nn import conventions
 
 # Algorithm-specific traced hyperparameters `hparams` accepts, with their valid range.
-OPTIONS = {"mtl_lambda": "finite and >= 0 (Fed-MTL's regulariser weight)"}
+OPTIONS = {"mtl_lambda": "finite and >= 0 (Fed-MTL's regulariser weight)",
+           **{flag: f"0 or 1 (1: the authors' code's {knob}; `conventions`)"
+              for knob, flag in conventions.OPTIONS.items()}}
 # The options (int []) that `family.program` sets, so that variants of an algorithm that
 # differ only in these epochs share one program: how many of its `ft_epochs` of fine-tuning
 # run before testing (FedAvg, FedProx, SCAFFOLD), of its `head_epochs` (FLUTE).
@@ -39,7 +42,8 @@ def hparams(lr: float = 0.01, momentum: float = 0.5, weight_decay: float = 1e-4,
     lr: the SGD step size (> 0; default 0.01).
     momentum: the heavy-ball momentum, in [0, 1) (default 0.5).
     weight_decay: the L2 weight decay (>= 0; default 1e-4).
-    **options: the algorithm-specific ones of OPTIONS (mtl_lambda), by name.
+    **options: the algorithm-specific ones of OPTIONS (mtl_lambda, and the conventions'
+      flags: feature_sum, average_untrained, no_bias_decay, uniform_average), by name.
 
   Returns:
     NNHparams whose numbers are float32 scalars [].
@@ -53,10 +57,18 @@ def hparams(lr: float = 0.01, momentum: float = 0.5, weight_decay: float = 1e-4,
   for name, value, ok, valid in (("lr", lr, lr > 0, "> 0"),
                                  ("momentum", momentum, 0 <= momentum < 1, "in [0, 1)"),
                                  ("weight_decay", weight_decay, weight_decay >= 0, ">= 0"),
-                                 *((name, value, 0 <= value < math.inf, OPTIONS[name])
+                                 *((name, value, valid_option(name, value), OPTIONS[name])
                                    for name, value in options.items())):
     if not ok:  # NaN fails every comparison
       raise ValueError(f"{name}={value!r} is out of range: {name} must be {valid}")
   return NNHparams(lr=jnp.float32(lr), momentum=jnp.float32(momentum),
                    weight_decay=jnp.float32(weight_decay),
                    options={name: jnp.float32(value) for name, value in options.items()})
+
+
+def valid_option(name: str, value: float) -> bool:
+  """Whether `value` is in the range of option `name`: 0 or 1 for the conventions' flags,
+  finite and >= 0 for the others."""
+  if name in conventions.OPTIONS.values():
+    return value in (0, 1)
+  return 0 <= value < math.inf

@@ -13,6 +13,7 @@ from fedjax_rep.nn.algorithm import Personalized
 
 @dataclasses.dataclass(frozen=True)
 class LGFedAvg(Personalized):
+  averages_untrained = True
   shared_layers: int = 2
   name: str = "lg-fedavg"
 

@@ -99,7 +99,8 @@ OPTIONS = {f.name: f.default
 def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
                    head_epochs: int = 10, batch_size: int = 10, client_group: int | None = 10,
                    ft_epochs: int = FT_EPOCHS, local_steps: int = 1,
-                   cohort_groups: int | None = None, devices: int | None = None, **options):
+                   cohort_groups: int | None = None, devices: int | None = None,
+                   head_first: bool = False, **options):
   """The neural algorithm registered as `name`, with its structure (static fields).
 
   The structure's fields are those of `algorithm.Personalized`; each algorithm takes the ones
@@ -117,6 +118,8 @@ def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
     local_steps: fedavg-steps' SGD steps per round (instead of epochs).
     cohort_groups: draw the cohort over this many contiguous groups of clients.
     devices: shard the client axis over this many devices (None: unsharded).
+    head_first: FLUTE*'s head epochs before its joint ones, one optimiser throughout (the
+      authors' code; `conventions`' flute_star_order).
     **options: the baselines' options; each algorithm takes those it has: prox_mu,
       ditto_lambda, apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda, flute_nc,
       flute_head_norm, flute_feature_norm, flute_server_lr, mtl_omega, babu_ft_body,
@@ -135,4 +138,4 @@ def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
                        head_epochs=head_epochs, batch_size=batch_size,
                        client_group=client_group, ft_epochs=ft_epochs,
                        local_steps=local_steps, cohort_groups=cohort_groups,
-                       devices=devices, **options)
+                       devices=devices, head_first=head_first, **options)

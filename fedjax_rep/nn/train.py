@@ -17,14 +17,34 @@ import jax.numpy as jnp
 import optax
 from optax import tree_utils as otu
 
+from fedjax_rep.nn import conventions
 from fedjax_rep.nn.hparams import NNHparams
 
 
 def optimizer(hparams: NNHparams) -> optax.GradientTransformation:
   """SGD with weight decay added to the gradient, then heavy-ball momentum (PyTorch's SGD).
-  Built from traced numbers inside the round, so it never becomes a static argument."""
-  return optax.chain(optax.add_decayed_weights(hparams.weight_decay),
-                     optax.sgd(hparams.lr, momentum=hparams.momentum))
+  Built from traced numbers inside the round, so it never becomes a static argument. With
+  the option `no_bias_decay` (`conventions`; absent: every parameter decays), biases decay
+  by weight_decay (1 - no_bias_decay): none where it is 1, as the authors' codes do."""
+  no_bias_decay = hparams.options.get(conventions.OPTIONS["bias_decay"])
+  if no_bias_decay is None:
+    decay = optax.add_decayed_weights(hparams.weight_decay)
+  else:
+    decay = optax.chain(
+        optax.add_decayed_weights(hparams.weight_decay, mask=lambda p: biases(p, False)),
+        optax.add_decayed_weights(hparams.weight_decay * (1 - no_bias_decay),
+                                  mask=lambda p: biases(p, True)))
+  return optax.chain(decay, optax.sgd(hparams.lr, momentum=hparams.momentum))
+
+
+def biases(params, want: bool):
+  """A bool per leaf of `params`: whether (want=True), or whether not (False), the leaf is
+  a bias: the last key of its path names one ('.../bias', as flax names them)."""
+  def is_bias(path) -> bool:
+    last = str(getattr(path[-1], "key", "")) if path else ""
+    return last.rsplit("/", 1)[-1] == "bias"
+
+  return jax.tree_util.tree_map_with_path(lambda path, _: is_bias(path) == want, params)
 
 
 def epoch_order(key: jax.Array, count: jax.Array, size: int) -> jax.Array:
@@ -65,12 +85,27 @@ def sgd_epochs(loss_fn: Callable, params, x: jax.Array, y: jax.Array, count: jax
                key: jax.Array, hparams: NNHparams, *, epochs: int, batch_size: int,
                active: jax.Array | None = None, trainable=None):
   """`epochs` epochs of minibatch SGD on one client's data; returns (params, mean loss).
+  (`sgd_epochs_from` with a fresh optimiser state.)"""
+  params, _, loss = sgd_epochs_from(loss_fn, params, optimizer(hparams).init(params), x, y,
+                                    count, key, hparams, epochs=epochs,
+                                    batch_size=batch_size, active=active,
+                                    trainable=trainable)
+  return params, loss
+
+
+def sgd_epochs_from(loss_fn: Callable, params, opt_state, x: jax.Array, y: jax.Array,
+                    count: jax.Array, key: jax.Array, hparams: NNHparams, *, epochs: int,
+                    batch_size: int, active: jax.Array | None = None, trainable=None):
+  """`epochs` epochs of minibatch SGD on one client's data from the optimiser state
+  `opt_state` (of `optimizer(hparams)` for params like `params`); returns (params, its
+  optimiser state, mean loss).
 
   loss_fn(params, x_batch [b, ...], y_batch [b], weights [b], key) -> the weighted mean
   loss of a minibatch (weights: 1 for real rows, 0 for padding); `key` is the step's key
-  (dropout). x [m, ...], y [m] with `count` real rows. The optimiser state starts afresh
-  at every call (as a client's optimiser is created each round in FedRep's code). The mean
-  loss is over the steps that have real rows (0 with no epochs).
+  (dropout). x [m, ...], y [m] with `count` real rows. (`sgd_epochs` starts the
+  optimiser afresh, as a client's optimiser is created each round in FedRep's code; FLUTE*'s
+  head-first order carries one across its phases.) The mean loss is over the steps that
+  have real rows (0 with no epochs).
 
   Traced variants of the same training, for one program that serves several algorithms:
   `active` (int []; None: `epochs`) runs only the first `active` of the `epochs` epochs
@@ -111,11 +146,11 @@ def sgd_epochs(loss_fn: Callable, params, x: jax.Array, y: jax.Array, count: jax
     starts = jnp.arange(steps) * batch_size
     return jax.lax.scan(step, carry, (starts, jax.random.split(key_steps, steps)))[0]
 
-  carry = (params, tx.init(params), jnp.float32(0.0))
-  params, _, total = jax.lax.scan(epoch, carry, (jnp.arange(epochs),
-                                                 jax.random.split(key, epochs)))[0]
+  carry = (params, opt_state, jnp.float32(0.0))
+  params, opt_state, total = jax.lax.scan(epoch, carry, (jnp.arange(epochs),
+                                                         jax.random.split(key, epochs)))[0]
   real_steps = (epochs if active is None else active) * jnp.ceil(count / batch_size)
-  return params, total / jnp.maximum(real_steps, 1.0)
+  return params, opt_state, total / jnp.maximum(real_steps, 1.0)
 
 
 def accuracy(logits: jax.Array, labels: jax.Array, count: jax.Array) -> jax.Array:

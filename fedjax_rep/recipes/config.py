@@ -19,8 +19,8 @@ class ConfigError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Check:
   """A valid range: numbers in [low, high] (open ends where `open_*`), or one of `choices`;
-  with `optional`, also None ('auto' on the command line: the algorithm's own default);
-  with `words`, also these strings (e.g. devices=all)."""
+  with `optional`, also None ('auto' on the command line: what `auto` says, by default the
+  algorithm's own default); with `words`, also these strings (e.g. devices=all)."""
   kind: type
   low: float | None = None
   high: float | None = None
@@ -30,6 +30,7 @@ class Check:
   sequence: bool = False
   optional: bool = False
   words: tuple = ()
+  auto: str = "the algorithm's default"
 
   def describe(self) -> str:
     if self.choices is not None:
@@ -42,7 +43,7 @@ class Check:
       noun = "an integer" if self.kind is int else "a number"
       text = f"{noun} in {bracket[0]}{low}, {high}{bracket[1]}"
     if self.optional:
-      text += " or auto (the algorithm's default)"
+      text += f" or auto ({self.auto})"
     for word in self.words:
       text += f" or {word}"
     return ("a comma-separated list, each " + text) if self.sequence else text

@@ -9,6 +9,7 @@ import numpy as np
 from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import partition as partition_lib
+from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import family
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import params as params_lib
@@ -74,6 +75,19 @@ def precision(default="float32"):
                     "float32)", default, ("float32", "bf16"))
 
 
+def conventions(default=conventions_lib.PAPER):
+  return cfg.choice("training conventions: the papers' text, or the authors' code (FedRep's "
+                    "and FLUTE's; each knob below, auto here, can change one of them; "
+                    "docs/neural.md lists them)", default, tuple(conventions_lib.PRESETS))
+
+
+def convention(knob: str, default=None):
+  """The configuration field of one knob of `nn.conventions` (None: auto, the preset's)."""
+  return cfg.setting(default, cfg.Check(str, choices=conventions_lib.KNOBS[knob],
+                                        optional=True, auto="as `conventions` says"),
+                     conventions_lib.HELP[knob])
+
+
 def algorithms(default=ALGORITHMS):
   """The algorithms to compare: any of the neural registry's (default: ALGORITHMS)."""
   return cfg.choice("algorithms to compare", default, tuple(nn_registry.ALGORITHMS),
@@ -98,11 +112,44 @@ class Training(placement.Placement):
   seed: int = cfg.seed()
   client_group: int = client_group()
   precision: str = precision()
+  conventions: str = conventions()
+  feature_penalty: str | None = convention("feature_penalty")
+  flute_star_order: str | None = convention("flute_star_order")
+  starting_heads: str | None = convention("starting_heads")
+  bias_decay: str | None = convention("bias_decay")
+  averaging: str | None = convention("averaging")
+
+
+def resolved_conventions(config) -> conventions_lib.Conventions:
+  """The `nn.conventions` of `config`: its preset `conventions` with the knobs it sets (a
+  config without these fields: the papers')."""
+  return conventions_lib.resolve(
+      getattr(config, "conventions", conventions_lib.PAPER),
+      **{knob: getattr(config, knob, None) for knob in conventions_lib.KNOBS})
+
+
+def conventions_text(config) -> str:
+  """A figure title's words for config's conventions: "authors' conventions" or "paper
+  conventions", and the knobs that differ from that preset, e.g. "authors' conventions
+  (averaging=samples)"."""
+  preset = conventions_lib.PRESETS[config.conventions]
+  resolved = resolved_conventions(config)
+  changed = [f"{knob}={getattr(resolved, knob)}" for knob in conventions_lib.KNOBS
+             if getattr(resolved, knob) != getattr(preset, knob)]
+  words = "authors' conventions" if config.conventions == conventions_lib.AUTHORS else (
+      "paper conventions")
+  return words + (f" ({', '.join(changed)})" if changed else "")
+
+
+def convention_options(config, algorithm) -> dict:
+  """The `hparams.options` flags of config's conventions that `algorithm` takes."""
+  return resolved_conventions(config).options(algorithm)
 
 
 def hparams(config) -> hparams_lib.NNHparams:
   """The traced hyperparameters of `config`: lr, momentum, weight decay, and the algorithms'
-  traced options (`hparams.OPTIONS`) that config sets (None: the algorithm's default)."""
+  traced options (`hparams.OPTIONS`) that config sets (None: the algorithm's default);
+  not the conventions' flags, which depend on the algorithm (`convention_options`)."""
   options = {k: getattr(config, k) for k in hparams_lib.OPTIONS
              if getattr(config, k, None) is not None}
   return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay, **options)
@@ -128,23 +175,35 @@ def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_e
 
 
 def algorithm(name, config, model, num_clients):
-  """Algorithm `name` with its structure, options and placement (devices, cohort groups)
-  from `config`, for num_clients clients."""
+  """Algorithm `name` with its structure, options, placement (devices, cohort groups) and
+  the structure of its conventions (FLUTE*'s order) from `config`, for num_clients
+  clients."""
   options = {k: getattr(config, k) for k in nn_registry.OPTIONS if hasattr(config, k)}
   return nn_registry.make_algorithm(
       name, model=model, cohort=cohort_size(num_clients, config.participation),
       local_epochs=config.local_epochs, head_epochs=config.head_epochs,
       batch_size=config.batch_size, client_group=config.client_group,
-      ft_epochs=config.head_epochs, **placement.keywords(config), **options)
+      ft_epochs=config.head_epochs, head_first=resolved_conventions(config).head_first(),
+      **placement.keywords(config), **options)
+
+
+def shared_program(config, own, own_hparams, peers, example) -> tuple:
+  """`family.program`'s (program, hparams) of algorithm `own` among `peers`, the hparams
+  with the flags of config's conventions that the program takes (`convention_options`)."""
+  program, program_hparams = family.program(own, own_hparams, peers, example)
+  return program, program_hparams.replace(options={
+      **program_hparams.options, **convention_options(config, program)})
 
 
 def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress):
   """`trained_unit` of algorithm `name` (`algorithm`) for config.rounds rounds; run by the
   program that it shares with the other members of `nn.family` in config.algorithms, when
-  there are any (one compilation for all of them)."""
+  there are any (one compilation for all of them), with the flags of config's conventions
+  that the program takes."""
   peers = [algorithm(n, config, model, num_clients) for n in getattr(config, "algorithms", ())]
-  program, program_hparams = family.program(algorithm(name, config, model, num_clients),
-                                            hparams(config), peers, data.x[0, 0, 0])
+  own = algorithm(name, config, model, num_clients)
+  program, program_hparams = shared_program(config, own, hparams(config), peers,
+                                            data.x[0, 0, 0])
   return trained_unit(unit, unit_name, program, data, program_hparams, keys, config.rounds,
                       config.eval_every, progress)
 

@@ -216,6 +216,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
             "code": {"revision": files.revision(), "source": files.source_fingerprint(),
                      **kernel_record(config)},
             "job": job_record(config),
+            **conventions_record(config, grid),
             "versions": outputs.versions()},
       overwrite=overwrite, every_rounds=checkpoint_rounds, every_seconds=checkpoint_seconds)
   rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
@@ -236,6 +237,25 @@ def kernel_record(config) -> dict:
     return {"kernel": "xla"}
   from fedjax_rep.native import fedrep_round  # only here: the default never touches it
   return {"kernel": "native", "kernel_build": fedrep_round.build_key()}
+
+
+def conventions_record(config, grid: dict) -> dict:
+  """What config.json records of a neural recipe's training conventions (`nn.conventions`):
+  {"conventions": {"preset": "paper"|"authors", knob: value, ...}}, every knob resolved;
+  under a grid, one such entry per combination, under its label; {} for a recipe without
+  them."""
+  if not hasattr(config, "conventions"):
+    return {}
+  from fedjax_rep.recipes import neural  # neural recipes only: the linear ones never load it
+
+  def record(c):
+    return {"preset": c.conventions, **neural.resolved_conventions(c).described()}
+
+  if not grid:
+    return {"conventions": record(config)}
+  return {"conventions": {cfg.combination_label(combination): record(cfg.apply(config,
+                                                                               combination))
+                          for combination in cfg.combinations(grid)}}
 
 
 def job_record(config) -> dict:

@@ -15,6 +15,7 @@ import numpy as np
 
 from fedjax_rep.data import federated
 from fedjax_rep.data import partition as partition_lib
+from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import fed_mtl
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.recipes import config as cfg
@@ -75,10 +76,12 @@ def paper_accuracy(dataset: str, setting: dict, algorithm: str,
 @dataclasses.dataclass(frozen=True)
 class Fields(common.Training):
   """The configuration fields every Table-1 recipe has: the neural training schedule, the
-  algorithms and the baselines' hyperparameters (defaults: the algorithms' own). A
-  recipe's Config derives from it and adds its data fields."""
+  algorithms and the baselines' hyperparameters (defaults: the algorithms' own), and the
+  authors' code's training conventions (`nn.conventions`: the papers' tables came from
+  that code). A recipe's Config derives from it and adds its data fields."""
   algorithms: tuple = cfg.choice("algorithms to compare", ALGORITHMS, ALGORITHMS,
                                  sequence=True)
+  conventions: str = common.conventions(conventions_lib.AUTHORS)
   prox_mu: float = cfg.nonnegative_float("FedProx's proximal weight mu",
                                          nn_registry.OPTIONS["prox_mu"])
   ditto_lambda: float = cfg.nonnegative_float(
@@ -102,6 +105,12 @@ class Fields(common.Training):
   mtl_omega: str = cfg.choice("Fed-MTL's Omega: ones (what the authors' code ran), eye "
                               "(identity-based), centering (MOCHA's I - 11^T/m)",
                               nn_registry.OPTIONS["mtl_omega"], fed_mtl.OMEGAS)
+
+
+def leaf_averaging():
+  """The `averaging` knob of the recipes on LEAF data: FedRep's code weights LEAF clients by
+  their sample counts (uniform only on CIFAR), so its conventions there are "samples"."""
+  return common.convention("averaging", "samples")
 
 
 def source():
@@ -202,7 +211,8 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
          paper: dict = PAPER, labels: dict = LABELS, paper_name: str = "FedRep Table 1") -> None:
   """One panel per setting (and per combination of a --grid: rows with a `grid` column): a
   horizontal bar per algorithm (measured accuracy, its std over seeds as an error bar) with
-  the paper's value as a red diamond where it has one; `title`, then what the bars average
+  the paper's value as a red diamond where it has one; `title`, and below it the
+  conventions (`neural.conventions_text`) and what the bars average
   (`neural.averaged_text`), above the panels."""
   grids = list(dict.fromkeys(r["grid"] for r in rows if "grid" in r))
   if grids:
@@ -211,7 +221,7 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
   names = list(config.algorithms)
   columns = min(len(settings), 3)
   fig, axes = plotting.grid_of(len(settings), columns, width=max(4.0, 7.5 / columns),
-                               height=0.3 * len(names) + 1.4)  # one title line at any width
+                               height=0.3 * len(names) + 1.4)  # two title lines at any width
   for ax, setting in zip(axes, settings):
     entries = {e["algorithm"]: e for e in summary if all(e[k] == v for k, v in setting.items())}
     ys = np.arange(len(names))[::-1]
@@ -227,5 +237,8 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
     ax.set_yticks(ys, [labels[n] for n in names])
     ax.set(xlim=(0, 1), xlabel="test accuracy", title=setting_label(setting))
     ax.grid(axis="x", alpha=0.3)
-  fig.suptitle(f"{title} ({common.averaged_text(rows)})")
+  swept = any(f"{key}=" in label for label in grids
+              for key in ("conventions", *conventions_lib.KNOBS))
+  conventions = "conventions as each panel says" if swept else common.conventions_text(config)
+  fig.suptitle(f"{title}\n{conventions}; {common.averaged_text(rows)}")
   plotting.save(fig, file)

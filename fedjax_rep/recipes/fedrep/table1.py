@@ -69,6 +69,7 @@ class FemnistConfig(table1.ShardConfig):
       148)
   rounds: int = cfg.rounds(200)
   mock_examples: int = cfg.positive_int("training images per user of the mock data", 600)
+  averaging: str | None = table1.leaf_averaging()
 
   def check(self):
     super().check()
@@ -87,6 +88,7 @@ class Sent140Config(table1.Fields):
   rounds: int = cfg.rounds(50)
   source: str = table1.source()
   mock_examples: int = cfg.positive_int("training tweets per user of the mock data", 40)
+  averaging: str | None = table1.leaf_averaging()
 
   def check(self):
     if self.source == "files":

@@ -38,6 +38,7 @@ class Config(table1.Fields):
   test_fraction: float = cfg.setting(0.2, cfg.Check(float, low=0.0, high=0.5, open_low=True),
                                      "fraction of each client's samples held out for testing")
   lr: float = cfg.lr(0.05, "step size of local SGD")
+  averaging: str | None = table1.leaf_averaging()
 
   def check(self):
     table1.check_paired(self, "alpha", "beta")

@@ -49,7 +49,6 @@ from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import digits, federated, leaf, tfds_data
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.hetero import timed
-from fedjax_rep.nn import family
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
@@ -207,8 +206,8 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
   results = {}
   for inner in inners:  # one program for all of them where they share it (`nn.family`)
     group = [name for name in names if ALGORITHMS[name][0] == inner]
-    program, program_hparams = family.program(inners[inner], inner_hparams,
-                                               list(inners.values()), datasets.x[0, 0, 0])
+    program, program_hparams = common.shared_program(config, inners[inner], inner_hparams,
+                                                     list(inners.values()), datasets.x[0, 0, 0])
     algorithm = timed.EvaluatedTimed(program, sc.speed_model(speed, num_clients),
                                      cohort=cohort, name=f"timed-{program.name}")
     unit_name = f"{inner}-{speed}-r{participation:g}"

@@ -1,0 +1,120 @@
+"""Training conventions where the papers' own code differs from their text, as named knobs.
+
+FedRep's (lgcollins/FedRep) and FLUTE's (RenpuLiu/flute, forked from it) PyTorch code
+train in ways the papers do not state, or state otherwise. Each difference is a knob with
+two values, the papers' ("paper") and their code's ("authors"); `PRESETS` sets them
+together and `resolve` takes a preset with single knobs changed:
+
+- feature_penalty (FLUTE, Eq. 10's lambda1 ||psi(x)||^2): "mean" over a minibatch's rows
+  (Eq. 10), or "sum" over them (FLUTE's code: lambda1 times the batch size as a mean).
+- flute_star_order (FLUTE*): "joint-first", the joint epochs then the head epochs, each
+  phase with a fresh optimiser (Sec. 7.2's description), or "head-first", the head epochs
+  (body frozen) then the joint ones with one optimiser and its momentum throughout
+  (FLUTE's code).
+- starting_heads (FedRep, FedPer, LG-FedAvg, FLUTE): a client that has not trained yet
+  starts from, and is tested with, its "initial" personal params (the papers: every
+  client starts from the initial model), or the "averaged" ones: the mean, weighted as
+  the server averages, of the personal params the last round's cohort trained (both
+  codes, whose untrained clients' personal params alias the global model, into which
+  the server loads every averaged parameter, heads included).
+- bias_decay (local SGD of every algorithm): weight decay "on" every parameter (the
+  papers: "weight decay 1e-4"), or "off" for biases (both codes put biases in an
+  optimiser group without weight decay).
+- averaging (the server's mean of the shared params, and of train_loss): weighted by the
+  clients' sample counts ("samples"; FedAvg's rule, Algorithm 1 of FedRep is uniform) or
+  "uniform" over the cohort (both codes on CIFAR; on LEAF's data they weight by counts).
+
+The papers' values are the engine's defaults. The traced ones are `hparams.options`
+flags (OPTIONS below; absent is the paper's value, so a run with the papers' conventions
+is the same program as before these knobs); flute_star_order is structure (the
+`Flute.head_first` field).
+"""
+
+import dataclasses
+
+PAPER, AUTHORS = "paper", "authors"
+
+# knob -> (the papers' value, the authors' code's value)
+KNOBS = {"feature_penalty": ("mean", "sum"),
+         "flute_star_order": ("joint-first", "head-first"),
+         "starting_heads": ("initial", "averaged"),
+         "bias_decay": ("on", "off"),
+         "averaging": ("samples", "uniform")}
+# Knob -> the traced flag of `hparams.options` that is 1 where the knob has the authors'
+# value (flute_star_order is structure: `Flute.head_first`).
+OPTIONS = {"feature_penalty": "feature_sum", "starting_heads": "average_untrained",
+           "bias_decay": "no_bias_decay", "averaging": "uniform_average"}
+HELP = {
+    "feature_penalty": "FLUTE's lambda1 ||psi(x)||^2 over a minibatch: the mean over its rows "
+                       "(Eq. 10) or their sum (FLUTE's code)",
+    "flute_star_order": "FLUTE*'s order: joint epochs first, a fresh optimiser per phase "
+                        "(Sec. 7.2), or head epochs first, one optimiser throughout (FLUTE's "
+                        "code)",
+    "starting_heads": "personal params of a client that has not trained yet: the initial ones "
+                      "(the papers) or the last cohort's average (FedRep's and FLUTE's code; "
+                      "FedRep, FedPer, LG-FedAvg, FLUTE)",
+    "bias_decay": "weight decay of local SGD on biases: on (the papers) or off (FedRep's and "
+                  "FLUTE's code)",
+    "averaging": "the server's mean over the cohort: weighted by sample counts, or uniform "
+                 "(FedRep's and FLUTE's code on CIFAR)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Conventions:
+  """One value of each knob (see the module docstring); the defaults are the papers'."""
+  feature_penalty: str = KNOBS["feature_penalty"][0]
+  flute_star_order: str = KNOBS["flute_star_order"][0]
+  starting_heads: str = KNOBS["starting_heads"][0]
+  bias_decay: str = KNOBS["bias_decay"][0]
+  averaging: str = KNOBS["averaging"][0]
+
+  def authors(self, knob: str) -> bool:
+    """Whether `knob` has the authors' code's value."""
+    return getattr(self, knob) == KNOBS[knob][1]
+
+  def options(self, algorithm=None) -> dict:
+    """The `hparams.options` flags of these conventions: 1.0 for each traced knob with the
+    authors' value (the paper's are absent: the engine's defaults); with `algorithm` (a
+    `Personalized`), average_untrained only where it takes it (`averages_untrained`)."""
+    knobs = [k for k in OPTIONS if self.authors(k) and not (
+        k == "starting_heads" and algorithm is not None and not algorithm.averages_untrained)]
+    return {OPTIONS[k]: 1.0 for k in knobs}
+
+  def head_first(self) -> bool:
+    """`Flute.head_first`: FLUTE*'s head epochs before its joint ones."""
+    return self.authors("flute_star_order")
+
+  def described(self) -> dict:
+    """{knob: value} (what config.json records)."""
+    return dataclasses.asdict(self)
+
+
+PRESETS = {PAPER: Conventions(),
+           AUTHORS: Conventions(**{knob: values[1] for knob, values in KNOBS.items()})}
+
+
+def resolve(preset: str = PAPER, **knobs) -> Conventions:
+  """The conventions of `preset` ("paper" or "authors") with the knobs given (a value of
+  KNOBS; None: the preset's) changed.
+
+  Raises:
+    ValueError: an unknown preset, knob or value.
+  """
+  if preset not in PRESETS:
+    raise ValueError(f"conventions={preset!r}: must be one of {sorted(PRESETS)}")
+  for knob, value in knobs.items():
+    if knob not in KNOBS:
+      raise ValueError(f"unknown convention {knob!r}; known: {sorted(KNOBS)}")
+    if value is not None and value not in KNOBS[knob]:
+      raise ValueError(f"{knob}={value!r}: must be one of {', '.join(KNOBS[knob])}")
+  return dataclasses.replace(PRESETS[preset],
+                             **{k: v for k, v in knobs.items() if v is not None})
+
+
+def name(conventions: Conventions) -> str:
+  """"paper" or "authors" where `conventions` is that preset, else "mixed"."""
+  for preset, value in PRESETS.items():
+    if conventions == value:
+      return preset
+  return "mixed"
