@@ -2,8 +2,12 @@
 
 FedRep's (lgcollins/FedRep) and FLUTE's (RenpuLiu/flute, forked from it) PyTorch code
 train in ways the papers do not state, or state otherwise. Each difference is a knob with
-two values, the papers' ("paper") and their code's ("authors"); `PRESETS` sets them
-together and `resolve` takes a preset with single knobs changed:
+two values, "paper" (the engine's default) and their code's ("authors"); `PRESETS` sets
+them together and `resolve` takes a preset with single knobs changed. The "paper" value
+is the paper's text where it is explicit (feature_penalty, flute_star_order), our
+reading where it is silent (starting_heads, bias_decay), and for averaging the engine's
+count weighting, although FedRep's Algorithm 1 is uniform (so "paper" keeps the numbers
+of every run made before these knobs):
 
 - feature_penalty (FLUTE, Eq. 10's lambda1 ||psi(x)||^2): "mean" over a minibatch's rows
   (Eq. 10), or "sum" over them (FLUTE's code: lambda1 times the batch size as a mean).
@@ -21,8 +25,8 @@ together and `resolve` takes a preset with single knobs changed:
   papers: "weight decay 1e-4"), or "off" for biases (both codes put biases in an
   optimiser group without weight decay).
 - averaging (the server's mean of the shared params, and of train_loss): weighted by the
-  clients' sample counts ("samples"; FedAvg's rule, Algorithm 1 of FedRep is uniform) or
-  "uniform" over the cohort (both codes on CIFAR; on LEAF's data they weight by counts).
+  clients' sample counts ("samples"; FedAvg's rule) or "uniform" over the cohort
+  (FedRep's Algorithm 1; both codes on CIFAR; on LEAF's data they weight by counts).
 
 The papers' values are the engine's defaults. The traced ones are `hparams.options`
 flags (OPTIONS below; absent is the paper's value, so a run with the papers' conventions

@@ -1,7 +1,10 @@
 """FedPer (Arivazhagan et al. 2019): shared body, personal head, trained jointly.
 
 Each sampled client trains body and head together for `local_epochs`; the server
-averages the bodies. The head never leaves the client.
+averages the bodies. The head never leaves the client. FedRep's code runs it with the
+authors' conventions (`conventions`: untrained clients start from the last cohort's
+averaged heads, uniform averaging, no decay on biases); the engine's defaults are the
+initial heads, count weighting and decay on every parameter.
 """
 
 import dataclasses

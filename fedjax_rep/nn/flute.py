@@ -29,7 +29,13 @@ Sec. 7.2 describes. Both are knobs (`conventions`): the traced option `feature_s
 the sum over the minibatch's real rows) and the field `head_first` (FLUTE*'s head epochs
 first, then the joint ones from the same optimiser state: the head's momentum carries
 over, the body's starts at zero, as one PyTorch optimiser does for parameters that had no
-gradient yet).
+gradient yet). The paper states the mean and the joint epochs first, the engine's
+defaults. It says nothing of the rest, where the authors' code (`conventions`) starts an
+untrained client from the last cohort's averaged heads (average_untrained; here, by
+default, from the initial head), averages uniformly (uniform_average; here by counts) and
+does not decay biases (no_bias_decay; here every parameter decays). Not modelled: the
+authors' code evaluates before the server's NC step, and reports the loss with the
+penalties.
 """
 
 import dataclasses

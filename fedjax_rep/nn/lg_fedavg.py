@@ -2,7 +2,10 @@
 
 Each sampled client trains all its parameters for `local_epochs`; the server averages
 the last `shared_layers` layers (FedRep's code shares the last two) and every client
-keeps the rest as its own.
+keeps the rest as its own. FedRep's code runs it with the authors' conventions
+(`conventions`: untrained clients start from the last cohort's averaged local layers,
+uniform averaging, no decay on biases); the engine's defaults are the initial layers,
+count weighting and decay on every parameter.
 """
 
 import dataclasses
