@@ -370,3 +370,16 @@ def test_sharded_average_untrained_equals_unsharded(tmp_path):
 
 if __name__ == "__main__":  # the child of the sharded test: where to write its outcome
   np.savez(sys.argv[1], **sharded_outcome(SHARDED_DEVICES))
+
+
+def test_other_convention_values_and_seeds_do_not_recompile(compiles):
+  """The flags are traced: FLUTE* with the authors' flags, run again with other values of
+  them (0 or 1) and another key, compiles nothing new."""
+  data = make_data()
+  algorithm = make("flute-star", cohort=2, head_first=True)
+  fr.run(algorithm, data, hparams(**AUTHORS), jax.random.key(0), 2, progress=False)
+  assert compiles.count > 0
+  compiles.reset()
+  others = dict(AUTHORS, feature_sum=0.0, no_bias_decay=0.0)
+  fr.run(algorithm, data, hparams(**others), jax.random.key(1), 2, progress=False)
+  assert compiles.count == 0
