@@ -16,19 +16,19 @@ of every run made before these knobs):
   (body frozen) then the joint ones with one optimiser and its momentum throughout
   (FLUTE's code).
 - starting_heads (FedRep, FedPer, LG-FedAvg, FLUTE): a client that has not trained yet
-  starts from, and is tested with, its "initial" personal params (the papers: every
-  client starts from the initial model), or the "averaged" ones: the mean, weighted as
+  starts from, and is tested with, its "initial" personal params (our reading of the
+  papers, which are silent: every client starts from the initial model), or the "averaged" ones: the mean, weighted as
   the server averages, of the personal params the last round's cohort trained (both
   codes, whose untrained clients' personal params alias the global model, into which
   the server loads every averaged parameter, heads included).
-- bias_decay (local SGD of every algorithm): weight decay "on" every parameter (the
-  papers: "weight decay 1e-4"), or "off" for biases (both codes put biases in an
+- bias_decay (local SGD of every algorithm): weight decay "on" every parameter (our
+  reading of the papers' "weight decay 1e-4"), or "off" for biases (both codes put biases in an
   optimiser group without weight decay).
 - averaging (the server's mean of the shared params, and of train_loss): weighted by the
   clients' sample counts ("samples"; FedAvg's rule) or "uniform" over the cohort
   (FedRep's Algorithm 1; both codes on CIFAR; on LEAF's data they weight by counts).
 
-The papers' values are the engine's defaults. The traced ones are `hparams.options`
+The "paper" values are the engine's defaults. The traced ones are `hparams.options`
 flags (OPTIONS below; absent is the paper's value, so a run with the papers' conventions
 is the same program as before these knobs); flute_star_order is structure (the
 `Flute.head_first` field).
@@ -55,9 +55,9 @@ HELP = {
                         "(Sec. 7.2), or head epochs first, one optimiser throughout (FLUTE's "
                         "code)",
     "starting_heads": "personal params of a client that has not trained yet: the initial ones "
-                      "(the papers) or the last cohort's average (FedRep's and FLUTE's code; "
+                      "(default) or the last cohort's average (FedRep's and FLUTE's code; "
                       "FedRep, FedPer, LG-FedAvg, FLUTE)",
-    "bias_decay": "weight decay of local SGD on biases: on (the papers) or off (FedRep's and "
+    "bias_decay": "weight decay of local SGD on biases: on (default) or off (FedRep's and "
                   "FLUTE's code)",
     "averaging": "the server's mean over the cohort: weighted by sample counts, or uniform "
                  "(FedRep's and FLUTE's code on CIFAR)",
@@ -66,7 +66,7 @@ HELP = {
 
 @dataclasses.dataclass(frozen=True)
 class Conventions:
-  """One value of each knob (see the module docstring); the defaults are the papers'."""
+  """One value of each knob (see the module docstring); the defaults are "paper"'s."""
   feature_penalty: str = KNOBS["feature_penalty"][0]
   flute_star_order: str = KNOBS["flute_star_order"][0]
   starting_heads: str = KNOBS["starting_heads"][0]
@@ -115,10 +115,3 @@ def resolve(preset: str = PAPER, **knobs) -> Conventions:
   return dataclasses.replace(PRESETS[preset],
                              **{k: v for k, v in knobs.items() if v is not None})
 
-
-def name(conventions: Conventions) -> str:
-  """"paper" or "authors" where `conventions` is that preset, else "mixed"."""
-  for preset, value in PRESETS.items():
-    if conventions == value:
-      return preset
-  return "mixed"
