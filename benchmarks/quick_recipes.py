@@ -11,7 +11,10 @@ compiled, as in a first run with an empty cache), timed whole, interpreter start
 time, the number of programs compiled, and the load average just before it. With
 `--baseline REV`, the package at git revision REV (`recipe_time.extract`) runs each recipe
 right after this code does, in the same sitting; its columns follow, and the time of this
-code over the baseline's. `--keep DIR` keeps each run's metrics.csv, config.json and
+code over the baseline's. With `--flat-threefry`, each recipe also runs with that opt-in
+(`fedjax_rep/core/threefry.py`) right after, in the same sitting; its columns follow: its
+time, its compiling, its time over the default's, and whether its metrics.csv is byte-identical
+to the default run's. `--keep DIR` keeps each run's metrics.csv, config.json and
 figure in DIR/RECIPE. A run that fails is reported with its exit status (its own
 message goes to stderr).
 """
@@ -33,15 +36,15 @@ def recipe_names() -> list[str]:
   return list(registry.all_recipes())
 
 
-def first_run(recipe: str, work: str, package: str | None = None) -> dict:
+def first_run(recipe: str, work: str, package: str | None = None, flags=()) -> dict:
   """{seconds, compiling, share, programs, error, out} of one `RECIPE --quick
-  --no-compile-cache` run in a new directory `out` under `work`, by the installed package or
-  the one in the
-  directory `package`; error: None, or the exit status of a run that failed (its seconds
-  NaN; its own error message went to stderr)."""
+  --no-compile-cache [FLAGS]` run in a new directory `out` under `work`, by the installed
+  package or the one in the directory `package`; error: None, or the exit status of a run
+  that failed (its seconds NaN; its own error message went to stderr)."""
   out = tempfile.mkdtemp(dir=work, prefix=f"{recipe}-")
   try:
-    seconds, events = recipe_time.run_seconds([recipe, "--quick"], out, package=package)
+    seconds, events = recipe_time.run_seconds([recipe, "--quick", *flags], out,
+                                              package=package)
     error = None
   except subprocess.CalledProcessError as failure:  # its error went to this stderr
     seconds, events, error = float("nan"), [], f"exit status {failure.returncode}"
@@ -51,12 +54,25 @@ def first_run(recipe: str, work: str, package: str | None = None) -> dict:
           "error": error, "out": out}
 
 
+def same_metrics(out_a: str, out_b: str) -> bool:
+  """Whether the metrics.csv files of two run directories are byte-identical (False where
+  either is missing)."""
+  try:
+    with open(os.path.join(out_a, "metrics.csv"), "rb") as a, \
+        open(os.path.join(out_b, "metrics.csv"), "rb") as b:
+      return a.read() == b.read()
+  except OSError:
+    return False
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("recipes", nargs="*", help="default: every recipe")
   parser.add_argument("--baseline", metavar="REV",
                       help="also run each recipe by the package at this git revision")
   parser.add_argument("--json", help="write the rows to this file")
+  parser.add_argument("--flat-threefry", action="store_true",
+                      help="also run each recipe with --flat-threefry")
   parser.add_argument("--keep", metavar="DIR",
                       help="keep each run's outputs (this code's) in DIR/RECIPE")
   args = parser.parse_args()
@@ -65,6 +81,8 @@ def main():
   header = f"{'recipe':<24} {'load':>5} {'s':>7} {'compiling':>9} {'share':>6} {'programs':>8}"
   if args.baseline:
     header += f" | {'base s':>7} {'base comp.':>10} {'share':>6} {'programs':>8} {'ratio':>6}"
+  if args.flat_threefry:
+    header += f" | {'flat s':>7} {'flat comp.':>10} {'ratio':>6} {'same':>5}"
   print(header, flush=True)
   with tempfile.TemporaryDirectory() as work:
     baseline = None if args.baseline is None else recipe_time.extract(args.baseline, work)
@@ -80,8 +98,15 @@ def main():
                    baseline=args.baseline, ratio=row["seconds"] / base["seconds"])
         line += (f" | {base['seconds']:7.1f} {base['compiling']:10.1f} "
                  f"{100 * base['share']:5.0f}% {base['programs']:8d} {row['ratio']:6.2f}")
+      if args.flat_threefry:
+        flat = first_run(name, work, flags=["--flat-threefry"])
+        row.update({f"flat {k}": v for k, v in flat.items()},
+                   **{"flat ratio": flat["seconds"] / row["seconds"],
+                      "flat same": same_metrics(row["out"], flat["out"])})
+        line += (f" | {flat['seconds']:7.1f} {flat['compiling']:10.1f} "
+                 f"{row['flat ratio']:6.2f} {'yes' if row['flat same'] else 'NO':>5}")
       print(line, flush=True)
-      for error in (row["error"], row.get("baseline error")):
+      for error in (row["error"], row.get("baseline error"), row.get("flat error")):
         if error:
           print(f"  {name}: {error}", flush=True)
       rows.append(row)

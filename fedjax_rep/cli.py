@@ -84,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="do not read or write the persistent compilation cache (default: on, "
                    "in $FEDJAX_REP_CACHE if set, else in $XDG_CACHE_HOME/fedjax_rep/jax, "
                    "$XDG_CACHE_HOME defaulting to ~/.cache)")
+  run.add_argument("--flat-threefry", action="store_true",
+                   help="opt-in: lower JAX's random-number hash on one flat axis on the CPU "
+                   "(the same numbers, shorter compiling; recorded in config.json as "
+                   "code.threefry; fedjax_rep/core/threefry.py)")
   return parser
 
 
@@ -131,6 +135,7 @@ def main(argv=None) -> int:
 
   from fedjax_rep.core import compile_cache
   from fedjax_rep.core import distributed
+  from fedjax_rep.core import threefry
   from fedjax_rep.data.missing import DataMissing
   from fedjax_rep.recipes import config as cfg
   from fedjax_rep.recipes import outputs
@@ -145,6 +150,8 @@ def main(argv=None) -> int:
       compile_cache.disable()
     else:
       compile_cache.enable()
+    if args.flat_threefry:
+      threefry.use_flat()
     with checkpoint.stop_on_signals():
       out = registry.run_to_dir(
           recipe, **what, progress=not args.no_progress and distributed.is_writer(),

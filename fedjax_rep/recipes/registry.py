@@ -16,6 +16,7 @@ from typing import Callable
 
 from fedjax_rep.core import checkpoint
 from fedjax_rep.core import files
+from fedjax_rep.core import threefry
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import outputs
 from fedjax_rep.recipes import placement
@@ -214,7 +215,8 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
       out, {"recipe": name, "quick": quick, "seeds": seeds,
             "config": dataclasses.asdict(config), "grid": grid,
             "code": {"revision": files.revision(), "source": files.source_fingerprint(),
-                     **kernel_record(config)},
+                     **kernel_record(config),
+                     "threefry": "flat" if threefry.flat() else "jax"},
             "job": job_record(config),
             **conventions_record(config, grid),
             "versions": outputs.versions()},

@@ -1,0 +1,86 @@
+"""Opt-in: JAX's Threefry-2x32 hash lowered on one flat axis on the CPU (same bits).
+
+Every `jax.random` draw, split and fold-in applies the Threefry-2x32 hash
+(`jax.extend.random.threefry2x32_p`) elementwise to uint32 counters shaped like the result:
+a vmapped weight draw hashes a [clients, 32, 10] array. XLA:CPU compiles each such hash into
+its own loop kernel, and on small multi-dimensional shapes LLVM unrolls that loop fully (a
+kernel of about a megabyte of IR for 960 elements). `use_flat(True)` registers a CPU
+lowering of the primitive that broadcasts its four operands to their common shape, flattens
+them to one axis, hashes them (`hash_2x32`) and reshapes the two results back. The hash is
+elementwise, so the bits are the same as JAX's; only the compiled program differs.
+
+This replaces, for the whole process, how JAX lowers one of its primitives on the CPU: it is
+an explicit opt-in (`fedjax-rep run --flat-threefry`, `fr.use_flat_threefry()`), recorded
+in a run's config.json as code.threefry. It applies to programs lowered after the call
+(programs already compiled, in memory or in the persistent cache, stay as they were).
+Other platforms keep JAX's lowering. Measurements: benchmarks/README.md.
+"""
+
+import numpy as np
+
+import jax.numpy as jnp
+from jax import lax
+from jax.extend.random import threefry2x32_p
+from jax.interpreters import mlir
+
+# The hash's rotation constants: rounds 1-4 of every 8 use the first row, 5-8 the second
+# (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011, Table 4).
+ROTATIONS = (np.array([13, 15, 26, 6], np.uint32), np.array([17, 29, 16, 24], np.uint32))
+PARITY = np.uint32(0x1BD11BDA)  # the key schedule's constant
+
+_flat = False
+_registered = False
+
+
+def hash_2x32(k1, k2, x1, x2):
+  """Threefry-2x32 with 20 rounds: (y1, y2), uint32 arrays of the operands' broadcast shape,
+  of the counters (x1, x2) under the key (k1, k2) (uint32 arrays of equal rank, each
+  dimension equal or 1). The rounds run as a loop of 5 steps of 4 rounds, as JAX's CPU
+  lowering does."""
+  shape = jnp.broadcast_shapes(k1.shape, k2.shape, x1.shape, x2.shape)
+  k1, k2, x1, x2 = (jnp.broadcast_to(a, shape) for a in (k1, k2, x1, x2))
+  keys = (k1, k2, k1 ^ k2 ^ PARITY)
+
+  def rounds(x, rotations):
+    for r in rotations:
+      y0 = x[0] + x[1]
+      x = (y0, y0 ^ (lax.shift_left(x[1], r) | lax.shift_right_logical(x[1], 32 - r)))
+    return x
+
+  def step(i, state):
+    x, keys, rotations = state
+    x = rounds(x, rotations[0])
+    x = (x[0] + keys[1], x[1] + keys[2] + (i + 1).astype(np.uint32))
+    return x, (*keys[1:], keys[0]), (rotations[1], rotations[0])
+
+  x = (x1 + keys[0], x2 + keys[1])
+  x, _, _ = lax.fori_loop(0, 5, step, (x, keys, tuple(map(jnp.asarray, ROTATIONS))))
+  return x
+
+
+def _flat_hash(k1, k2, x1, x2):
+  """`hash_2x32` of the operands broadcast and flattened to one axis, reshaped back."""
+  shape = jnp.broadcast_shapes(k1.shape, k2.shape, x1.shape, x2.shape)
+  flat = [jnp.broadcast_to(a, shape).reshape(-1) for a in (k1, k2, x1, x2)]
+  return tuple(y.reshape(shape) for y in hash_2x32(*flat))
+
+
+def _lowering(ctx, *operands):
+  hash_fn = _flat_hash if _flat else hash_2x32
+  return mlir.lower_fun(hash_fn, multiple_results=True)(ctx, *operands)
+
+
+def use_flat(on: bool = True) -> None:
+  """Lowers `threefry2x32_p` on the CPU as `_flat_hash` (on) or as `hash_2x32` on the
+  operands' own shape, the structure of JAX's own CPU lowering (off), in programs lowered
+  from now on. The first call registers the lowering for the rest of the process."""
+  global _flat, _registered
+  _flat = bool(on)
+  if _flat and not _registered:
+    mlir.register_lowering(threefry2x32_p, _lowering, platform="cpu")
+    _registered = True
+
+
+def flat() -> bool:
+  """Whether programs lowered now hash on a flat axis on the CPU (`use_flat`)."""
+  return _flat
