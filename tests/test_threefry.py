@@ -65,9 +65,10 @@ def test_hash_equals_the_numpy_reference_broadcast_jitted_and_vmapped():
 
 
 # Draws of every kind jax.random makes, at shapes where the hash runs on several axes (vmapped
-# over keys, nested vmaps, a 3-axis draw, a 64-bit draw): their values with JAX's lowering,
-# with the flat one and with the flat one turned off again, and the flat programs' lowered
-# text (where the hash's operands are 1-axis uint32 arrays of the draw's size).
+# over keys, nested vmaps, a 3-axis draw, a 64-bit draw): their values with JAX's lowering
+# and with the flat one, under both of JAX's counter schemes (jax_threefry_partitionable),
+# with the flat one turned off again, and the flat programs' lowered text (where the hash's
+# operands are 1-axis uint32 arrays of the draw's size).
 CHILD = textwrap.dedent("""\
     import json, sys
     import jax, jax.numpy as jnp, numpy as np
@@ -92,13 +93,21 @@ CHILD = textwrap.dedent("""\
     def texts():
       return {name: jax.jit(lambda k, f=f: f(k)).lower(keys).as_text()
               for name, f in draws.items()}
-    jax_values = values()
+    jax_values = {}
+    for p in (True, False):  # both of JAX's counter schemes
+      jax.config.update("jax_threefry_partitionable", p)
+      jax_values[p] = values()
     threefry.use_flat(True)
-    flat_values, flat_texts = values(), texts()
+    same_flat = {}
+    for p in jax_values:
+      jax.config.update("jax_threefry_partitionable", p)
+      flat_values = values()
+      same_flat.update({f"{n} {p}": jax_values[p][n] == flat_values[n] for n in draws})
+    jax.config.update("jax_threefry_partitionable", True)  # JAX's default
+    flat_texts = texts()
     threefry.use_flat(False)
-    json.dump({"same_flat": {n: jax_values[n] == flat_values[n] for n in draws},
-               "same_off": values() == jax_values, "flat": threefry.flat(),
-               "texts": flat_texts}, sys.stdout)
+    json.dump({"same_flat": same_flat, "same_off": values() == jax_values[True],
+               "flat": threefry.flat(), "texts": flat_texts}, sys.stdout)
     """)
 
 
@@ -108,6 +117,7 @@ def test_flat_lowering_gives_jax_randoms_bits_on_one_axis():
                         env=env, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout)
+  assert len(result["same_flat"]) == 14
   assert result["same_flat"] == {name: True for name in result["same_flat"]}
   assert result["same_off"] and not result["flat"]
   texts = result["texts"]
