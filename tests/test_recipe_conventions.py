@@ -65,14 +65,14 @@ def test_what_reaches_the_engine():
   config = recipe_config("flute-table1")
   flute_star, ditto = make("flute-star", config), make("ditto", config)
   assert flute_star.head_first
-  assert neural.convention_options(config, flute_star) == {
+  assert neural.resolved_conventions(config).options(flute_star) == {
       "feature_sum": 1.0, "average_untrained": 1.0, "no_bias_decay": 1.0,
       "uniform_average": 1.0}
-  assert neural.convention_options(config, ditto) == {
+  assert neural.resolved_conventions(config).options(ditto) == {
       "feature_sum": 1.0, "no_bias_decay": 1.0, "uniform_average": 1.0}
   paper = cfg.override(config, ["dataset=digits", "conventions=paper"])
   assert not make("flute-star", paper).head_first
-  assert neural.convention_options(paper, make("flute-star", paper)) == {}
+  assert neural.resolved_conventions(paper).options(make("flute-star", paper)) == {}
   with pytest.raises(ValueError, match="average_untrained"):
     nn_registry.make_algorithm("ditto", model=ditto.model, cohort=2).check(
         None, neural.hparams(config).replace(options={"average_untrained": 1.0}))

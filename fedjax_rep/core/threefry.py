@@ -13,7 +13,7 @@ This replaces, for the whole process, how JAX lowers one of its primitives on th
 an explicit opt-in (`fedjax-rep run --flat-threefry`, `fr.use_flat_threefry()`), recorded
 in a run's config.json as code.threefry. It applies to programs lowered after the call
 (programs already compiled, in memory or in the persistent cache, stay as they were).
-Other platforms keep JAX's lowering. Measurements: benchmarks/README.md.
+Other platforms keep JAX's lowering. Measurements: docs/benchmarks.md.
 """
 
 import numpy as np

@@ -141,15 +141,10 @@ def conventions_text(config) -> str:
   return words + (f" ({', '.join(changed)})" if changed else "")
 
 
-def convention_options(config, algorithm) -> dict:
-  """The `hparams.options` flags of config's conventions that `algorithm` takes."""
-  return resolved_conventions(config).options(algorithm)
-
-
 def hparams(config) -> hparams_lib.NNHparams:
   """The traced hyperparameters of `config`: lr, momentum, weight decay, and the algorithms'
   traced options (`hparams.OPTIONS`) that config sets (None: the algorithm's default);
-  not the conventions' flags, which depend on the algorithm (`convention_options`)."""
+  not the conventions' flags, which depend on the algorithm (`shared_program`)."""
   options = {k: getattr(config, k) for k in hparams_lib.OPTIONS
              if getattr(config, k, None) is not None}
   return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay, **options)
@@ -189,10 +184,10 @@ def algorithm(name, config, model, num_clients):
 
 def shared_program(config, own, own_hparams, peers, example) -> tuple:
   """`family.program`'s (program, hparams) of algorithm `own` among `peers`, the hparams
-  with the flags of config's conventions that the program takes (`convention_options`)."""
+  with the flags of config's conventions that the program takes (`Conventions.options`)."""
   program, program_hparams = family.program(own, own_hparams, peers, example)
   return program, program_hparams.replace(options={
-      **program_hparams.options, **convention_options(config, program)})
+      **program_hparams.options, **resolved_conventions(config).options(program)})
 
 
 def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress):
