@@ -16,7 +16,8 @@ import time
 # Both agree with the defaults to float32 round-off, not bit for bit (fedrep-fig3 --quick:
 # metrics within 3.3e-5 relative of the defaults), and every test compares runs made with
 # one set of flags or against float64 references. FEDJAX_REP_TEST_OPTIMIZED=1 tests XLA's
-# defaults.
+# defaults. (The round loop compiles the neural algorithms' programs with these two options
+# anyway, `core.loop.QUICK_COMPILE`, whatever the flags.)
 # (pytest-xdist's workers inherit the flags from the controller.)
 if (os.environ.get("FEDJAX_REP_TEST_OPTIMIZED") != "1"
     and "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):

@@ -19,6 +19,14 @@ tracked metric (`algorithm.tracked_metric`, an optional attribute, where the rou
 it, else train_loss) exceeds `blowup` times its magnitude at the run's first round (the
 reference, carried like the state, so a resumed run gives the same numbers). A diverged
 run keeps its state from before that round and reports NaN metrics from then on.
+
+On the CPU, the programs of an algorithm with `quick_compile` set (an optional attribute; the
+neural algorithms set it) are compiled with `QUICK_COMPILE`: LLVM's optimisation level 1 and
+XLA:CPU's older fusion emitters, which compile them in about half the time and run their
+rounds as fast (docs/benchmarks.md), with numbers that differ from XLA's defaults by float32
+rounding. Other algorithms, and every algorithm on other platforms, get XLA's defaults.
+`jit_by_algorithm` jits any other program of an algorithm (e.g. a recipe's analysis) the same
+way.
 """
 
 import dataclasses
@@ -44,6 +52,8 @@ DEFAULT_CHUNK = 50
 # (FLUTE in flute-fig4, whose model error reaches 5e3 to 5e13 times its first value) or
 # 1e5 (SCAFFOLD) before they become non-finite or the run ends.
 DEFAULT_BLOWUP = 1e3
+# XLA compiler options of the programs of algorithms with `quick_compile`, on the CPU.
+QUICK_COMPILE = {"xla_backend_optimization_level": 1, "xla_cpu_use_fusion_emitters": False}
 
 
 @dataclasses.dataclass
@@ -121,8 +131,33 @@ def _scan_rounds(algorithm, state, diverged, reference, data, hparams, rounds_ke
   return jax.lax.scan(body, (state, diverged, reference), start + jnp.arange(chunk))
 
 
-@jax.jit(static_argnames=("algorithm", "chunk", "sweep_axes"),
-         donate_argnames=("state", "diverged", "reference"))
+def compiler_options(algorithm, platform: str) -> dict | None:
+  """The XLA compiler options of `algorithm`'s programs on `platform` (e.g. 'cpu'):
+  `QUICK_COMPILE` on the CPU for an algorithm with `quick_compile` set, else None (XLA's
+  defaults)."""
+  return QUICK_COMPILE if platform == "cpu" and getattr(algorithm, "quick_compile", False) else None
+
+
+def jit_by_algorithm(**jit_kwargs):
+  """A decorator: `fun(algorithm, ...)` (algorithm static) jitted with `jit_kwargs` and the
+  compiler options of `algorithm` on JAX's default backend (`compiler_options`)."""
+
+  def wrap(fun):
+    plain = jax.jit(fun, **jit_kwargs)
+    quick = jax.jit(fun, compiler_options=QUICK_COMPILE, **jit_kwargs)
+
+    @functools.wraps(fun)
+    def call(algorithm, *args, **kwargs):
+      jitted = quick if compiler_options(algorithm, jax.default_backend()) else plain
+      return jitted(algorithm, *args, **kwargs)
+
+    return call
+
+  return wrap
+
+
+@jit_by_algorithm(static_argnames=("algorithm", "chunk", "sweep_axes"),
+                   donate_argnames=("state", "diverged", "reference"))
 def _run_chunk(algorithm, state, diverged, reference, data, hparams, key, start, stop, blowup,
                *, chunk, sweep_axes):
   rounds_key = _split_keys(key, sweep_axes)[1]
@@ -132,7 +167,7 @@ def _run_chunk(algorithm, state, diverged, reference, data, hparams, key, start,
   return scan(state, diverged, reference, data, hparams, rounds_key, start, stop, blowup)
 
 
-@jax.jit(static_argnames=("algorithm", "sweep_axes"))
+@jit_by_algorithm(static_argnames=("algorithm", "sweep_axes"))
 def _init(algorithm, key, data, hparams, *, sweep_axes):
   key = _split_keys(key, sweep_axes)[0]
   init = algorithm.init
@@ -142,7 +177,7 @@ def _init(algorithm, key, data, hparams, *, sweep_axes):
   return init(key, data, hparams)
 
 
-@jax.jit(static_argnames=("algorithm", "sweep_axes"))
+@jit_by_algorithm(static_argnames=("algorithm", "sweep_axes"))
 def _evaluate(algorithm, state, data, hparams, *, sweep_axes):
   evaluate = algorithm.evaluate
   if sweep_axes is not None:

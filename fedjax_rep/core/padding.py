@@ -47,6 +47,11 @@ class Padded:
   def name(self) -> str:
     return self.inner.name
 
+  @property
+  def quick_compile(self) -> bool:
+    """The inner algorithm's (`core.loop.compiler_options`)."""
+    return getattr(self.inner, "quick_compile", False)
+
   def check(self, data: PaddedData, hparams) -> None:
     """The checks of a run, before anything compiles (`core.checks`): 1 <= cohort <= active
     <= num_clients, cohort at most the inner algorithm's, then the inner algorithm's checks

@@ -72,6 +72,11 @@ class Timed:
   local_updates: int = 1
   name: str = "timed"
 
+  @property
+  def quick_compile(self) -> bool:
+    """The inner algorithm's (`core.loop.compiler_options`)."""
+    return getattr(self.inner, "quick_compile", False)
+
   def __post_init__(self):
     if not isinstance(self.inner, MaskedAlgorithm):
       raise TypeError(f"Timed needs an algorithm with masked_round (core.protocols."

@@ -95,6 +95,8 @@ class Personalized:
   # Whether the option `average_untrained` (`conventions`' starting_heads) applies: the
   # algorithms whose authors' code lets untrained clients alias the global model.
   averages_untrained: ClassVar[bool] = False
+  # Compile the loop's programs for compile time on the CPU (`core.loop.QUICK_COMPILE`).
+  quick_compile: ClassVar[bool] = True
 
   def labels(self, flat: dict) -> dict:
     """The label tree: FedRep and FedPer share the body and personalise the head."""

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_rep.core import loop
 from fedjax_rep.core import tree
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import digits, federated
@@ -127,7 +128,7 @@ def seed_data(config: Config, seed: int):
   return clients, (x_test, y_test), new
 
 
-@jax.jit(static_argnames=("algorithm", "seen", "epochs"))
+@loop.jit_by_algorithm(static_argnames=("algorithm", "seen", "epochs"))
 def analyse(algorithm, model, probe_x, probe_y, new, hparams, keys, *, seen: int, epochs: int):
   """Representation and transfer of final global models `model` (flat, leaves [A, S, ...]:
   A algorithms of `algorithm`'s structure, S seeds), all as one program:
