@@ -2,6 +2,7 @@
 numpy reference; its flat CPU lowering (`--flat-threefry`) against JAX's own lowering, in
 child processes so that this suite's programs keep JAX's lowering."""
 
+import functools
 import json
 import os
 import subprocess
@@ -45,10 +46,12 @@ KNOWN = [((0, 0), (0, 0), (0x6B200159, 0x99BA4EFE)),
          ((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3), (0xC4923A9C, 0x483DF7A0))]
 
 
+@pytest.mark.parametrize("rolled", [True, False])
 @pytest.mark.parametrize("key, count, expected", KNOWN)
-def test_hash_gives_random123s_known_answers(key, count, expected):
+def test_hash_gives_random123s_known_answers(key, count, expected, rolled):
   words = [np.array([w], np.uint32) for w in (*key, *count)]
-  assert tuple(int(y[0]) for y in jax.jit(threefry.hash_2x32)(*words)) == expected
+  hash_fn = jax.jit(functools.partial(threefry.hash_2x32, rolled=rolled))
+  assert tuple(int(y[0]) for y in hash_fn(*words)) == expected
   assert tuple(int(y[0]) for y in threefry_reference(*words)) == expected
 
 
@@ -59,6 +62,7 @@ def test_hash_equals_the_numpy_reference_broadcast_jitted_and_vmapped():
   expected = threefry_reference(k1, k2, x1, x2)
   for got in (jax.jit(threefry.hash_2x32)(k1, k2, x1, x2),
               jax.jit(jax.vmap(threefry.hash_2x32))(k1, k2, x1, x2),
+              jax.jit(functools.partial(threefry.hash_2x32, rolled=False))(k1, k2, x1, x2),
               jax.jit(threefry._flat_hash)(k1, k2, x1, x2)):
     np.testing.assert_array_equal(got[0], expected[0])
     np.testing.assert_array_equal(got[1], expected[1])

@@ -32,28 +32,39 @@ _flat = False
 _registered = False
 
 
-def hash_2x32(k1, k2, x1, x2):
-  """Threefry-2x32 with 20 rounds: (y1, y2), uint32 arrays of the operands' broadcast shape,
-  of the counters (x1, x2) under the key (k1, k2) (uint32 arrays of equal rank, each
-  dimension equal or 1). The rounds run as a loop of 5 steps of 4 rounds, as JAX's CPU
-  lowering does."""
-  shape = jnp.broadcast_shapes(k1.shape, k2.shape, x1.shape, x2.shape)
-  k1, k2, x1, x2 = (jnp.broadcast_to(a, shape) for a in (k1, k2, x1, x2))
-  keys = (k1, k2, k1 ^ k2 ^ PARITY)
+def _rounds(x, rotations):
+  """Four rounds of the hash on the words x = (x1, x2) with the rotations [4]."""
+  for r in rotations:
+    y0 = x[0] + x[1]
+    x = (y0, y0 ^ (lax.shift_left(x[1], r) | lax.shift_right_logical(x[1], 32 - r)))
+  return x
 
-  def rounds(x, rotations):
-    for r in rotations:
-      y0 = x[0] + x[1]
-      x = (y0, y0 ^ (lax.shift_left(x[1], r) | lax.shift_right_logical(x[1], 32 - r)))
+
+def hash_2x32(k1, k2, x1, x2, *, rolled: bool = True):
+  """Threefry-2x32 with 20 rounds: (y1, y2), uint32 arrays of the operands' broadcast shape,
+  of the counters (x1, x2) under the key (k1, k2) (uint32 arrays, broadcastable).
+
+  rolled: the rounds as a loop of 5 steps of 4 rounds, as JAX's CPU lowering does (the
+  operands first broadcast to one shape); else written out, 20 rounds that XLA fuses with
+  what follows into one loop over the output (`linear.normals`). The same bits either way.
+  """
+  if rolled:
+    shape = jnp.broadcast_shapes(k1.shape, k2.shape, x1.shape, x2.shape)
+    k1, k2, x1, x2 = (jnp.broadcast_to(a, shape) for a in (k1, k2, x1, x2))
+  keys = (k1, k2, k1 ^ k2 ^ PARITY)
+  x = (x1 + keys[0], x2 + keys[1])
+  if not rolled:
+    for i in range(5):
+      x = _rounds(x, ROTATIONS[i % 2])
+      x = (x[0] + keys[(i + 1) % 3], x[1] + keys[(i + 2) % 3] + np.uint32(i + 1))
     return x
 
   def step(i, state):
     x, keys, rotations = state
-    x = rounds(x, rotations[0])
+    x = _rounds(x, rotations[0])
     x = (x[0] + keys[1], x[1] + keys[2] + (i + 1).astype(np.uint32))
     return x, (*keys[1:], keys[0]), (rotations[1], rotations[0])
 
-  x = (x1 + keys[0], x2 + keys[1])
   x, _, _ = lax.fori_loop(0, 5, step, (x, keys, tuple(map(jnp.asarray, ROTATIONS))))
   return x
 

@@ -1,12 +1,13 @@
 """Standard normals exactly as `jax.random.normal` draws them, with Threefry unrolled.
 
 On CPU JAX lowers the Threefry-2x32 hash as a loop of 5 steps whose state goes through
-memory between steps; written out here in jnp (the same 20 rounds, counters, uniform
-and erf_inv), XLA fuses hash and transform into one loop over the output, several times
-faster. The draws are bit-for-bit those of `jax.random.normal(key, shape)` for the default
-key implementation (threefry2x32, `jax_threefry_partitionable`); any other key falls back to
-`jax.random.normal`. `normal_pairs` (for samplers that need only the distribution) uses both
-output words of each hash, two normals per hash.
+memory between steps; written out in jnp (the same 20 rounds: `core.threefry.hash_2x32`,
+rolled=False; the same counters, uniform and erf_inv), XLA fuses hash and transform into
+one loop over the output, several times faster. The draws are bit-for-bit those of
+`jax.random.normal(key, shape)` for the default key implementation (threefry2x32,
+`jax_threefry_partitionable`); any other key falls back to `jax.random.normal`.
+`normal_pairs` (for samplers that need only the distribution) uses both output words of
+each hash, two normals per hash.
 """
 
 import math
@@ -16,26 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-PARITY = np.uint32(0x1BD11BDA)
-
-
-def _rotate_left(x: jax.Array, bits: int) -> jax.Array:
-  return lax.shift_left(x, np.uint32(bits)) | lax.shift_right_logical(x, np.uint32(32 - bits))
-
-
-def threefry2x32(k1: jax.Array, k2: jax.Array, x1: jax.Array, x2: jax.Array):
-  """The Threefry-2x32 hash (20 rounds) of counters (x1, x2) under key (k1, k2), all
-  uint32 and broadcastable; returns the two uint32 output words."""
-  keys = (k1, k2, k1 ^ k2 ^ PARITY)
-  x1, x2 = x1 + keys[0], x2 + keys[1]
-  for step in range(5):
-    for rotation in ROTATIONS[step % 2]:
-      x1 = x1 + x2
-      x2 = _rotate_left(x2, rotation) ^ x1
-    x1 = x1 + keys[(step + 1) % 3]
-    x2 = x2 + keys[(step + 2) % 3] + np.uint32(step + 1)
-  return x1, x2
+from fedjax_rep.core import threefry
 
 
 def unrolled_applies(key: jax.Array, shape) -> bool:
@@ -67,7 +49,7 @@ def normal(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Arr
     return jax.random.normal(key, shape, dtype)
   k1, k2 = jax.random.key_data(key)
   counts = lax.iota(np.uint32, math.prod(shape)).reshape(shape)
-  bits1, bits2 = threefry2x32(k1, k2, jnp.zeros_like(counts), counts)
+  bits1, bits2 = threefry.hash_2x32(k1, k2, jnp.zeros_like(counts), counts, rolled=False)
   return _normal_from_bits(bits1 ^ bits2)
 
 
@@ -84,5 +66,5 @@ def normal_pairs(key: jax.Array, size: int) -> jax.Array:
     return jax.random.normal(key, (size,))
   k1, k2 = jax.random.key_data(key)
   counts = lax.iota(np.uint32, -(-size // 2))
-  bits1, bits2 = threefry2x32(k1, k2, jnp.zeros_like(counts), counts)
+  bits1, bits2 = threefry.hash_2x32(k1, k2, jnp.zeros_like(counts), counts, rolled=False)
   return _normal_from_bits(jnp.concatenate([bits1, bits2])[:size])
