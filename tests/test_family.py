@@ -129,3 +129,25 @@ def test_digits_personalized_compiles_one_program_of_each_kind_for_its_six_algor
   assert {r["algorithm"] for r in rows} == set(config.algorithms)
   for program in ("jit(_init)", "jit(_run_chunk)", "jit(_evaluate)"):
     assert compiles.names.count(program) == 1, compiles.names
+  # Besides them only the seeds' keys compile: data, hparams and members are placed from
+  # the host, with no eager device op.
+  assert set(compiles.names) <= {"jit(_init)", "jit(_run_chunk)", "jit(_evaluate)",
+                                 "jit(_seed_keys)", "jit(run_keys)"}, compiles.names
+
+
+def test_preparing_a_neural_run_compiles_no_program(compiles):
+  """Client datasets stacked over seeds, hparams, the family's program and its member
+  come from the host: no eager device op compiles a single-use program."""
+  seeds = [fr.digits.federated(12, "classes", 2, seed=s) for s in (0, 1)]
+  data = fr.stack_datasets(seeds)  # padded to the largest client
+  assert fr.stack(seeds[:1] * 2).x.shape == (2, *seeds[0].x.shape)  # equal shapes
+  hp = fr.nn_hparams(lr=0.05, momentum=0.5, weight_decay=1e-4)
+  peers = [make(n) for n in NAMES]
+  example = jax.ShapeDtypeStruct(data.x.shape[3:], data.x.dtype)
+  made = [family.program(a, hp, peers, example) for a in peers]
+  assert compiles.count == 0, compiles.names
+  assert data.x.shape[:2] == (2, 12) and isinstance(data.x, jax.Array)
+  assert all(isinstance(leaf, jax.Array) for _, h in made for leaf in jax.tree.leaves(h))
+  keys = jax.random.split(jax.random.key(0), 3)  # no host form: stacked on the device
+  np.testing.assert_array_equal(jax.random.key_data(fr.stack([keys, keys])[1]),
+                                jax.random.key_data(keys))

@@ -328,8 +328,10 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     raise ValueError(f"blowup must be a number > 0 or None, got {blowup!r}")
   if state is None:
     state = init_state(algorithm, data, hparams, key, sweep_axes=sweep_axes)
-  else:  # the chunks donate the state they carry: keep the caller's arrays valid
-    state = jax.tree.map(jnp.copy, state)
+  else:  # the chunks donate the state they carry: keep the caller's arrays valid (a copy;
+    # numpy leaves are placed, which compiles nothing)
+    state = jax.tree.map(lambda leaf: jnp.copy(leaf) if isinstance(leaf, jax.Array)
+                         else jax.device_put(leaf, may_alias=False), state)
   state = jax.block_until_ready(state)
   sweep_shape = () if sweep_axes is None else jax.tree.leaves(state)[0].shape[:1]
   diverged = _placed_like(

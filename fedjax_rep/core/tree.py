@@ -5,6 +5,7 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def gather(tree, clients: jax.Array):
@@ -43,7 +44,15 @@ def stack(trees):
   Returns:
     The pytree with leaves [s, ...].
   """
-  return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+  return jax.tree.map(_stack, *trees)
+
+
+def _stack(*leaves):
+  """Leaves stacked on the host and placed on the device (no device program compiles);
+  PRNG key arrays, which have no host form, on the device."""
+  if isinstance(leaves[0], jax.Array) and jnp.issubdtype(leaves[0].dtype, jax.dtypes.prng_key):
+    return jnp.stack(leaves)
+  return jax.device_put(np.stack(leaves))
 
 
 def flatten(nested: Mapping) -> dict:

@@ -123,14 +123,14 @@ def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
   def padded(a, to):
     return np.pad(np.asarray(a), [(0, 0), (0, to - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
 
-  return ClientDatasets(
-      x=jnp.stack([padded(d.x, size) for d in datasets]),
-      y=jnp.stack([padded(d.y, size) for d in datasets]),
-      counts=jnp.stack([d.counts for d in datasets]),
-      x_test=jnp.stack([padded(d.x_test, test_size) for d in datasets]),
-      y_test=jnp.stack([padded(d.y_test, test_size) for d in datasets]),
-      test_counts=jnp.stack([d.test_counts for d in datasets]),
-      num_classes=datasets[0].num_classes)
+  return jax.device_put(ClientDatasets(  # stacked on the host: no device program compiles
+      x=np.stack([padded(d.x, size) for d in datasets]),
+      y=np.stack([padded(d.y, size) for d in datasets]),
+      counts=np.stack([np.asarray(d.counts) for d in datasets]),
+      x_test=np.stack([padded(d.x_test, test_size) for d in datasets]),
+      y_test=np.stack([padded(d.y_test, test_size) for d in datasets]),
+      test_counts=np.stack([np.asarray(d.test_counts) for d in datasets]),
+      num_classes=datasets[0].num_classes))
 
 
 def pad(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], size: int | None = None):
@@ -178,6 +178,5 @@ def client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes: int,
     raise ValueError(f"{len(parts)} train parts but {len(test_parts)} test parts")
   xs, ys, counts = pad(np.asarray(x), np.asarray(y), parts, size)
   xt, yt, test_counts = pad(np.asarray(x_test), np.asarray(y_test), test_parts, test_size)
-  return ClientDatasets(x=jnp.asarray(xs), y=jnp.asarray(ys), counts=jnp.asarray(counts),
-                        x_test=jnp.asarray(xt), y_test=jnp.asarray(yt),
-                        test_counts=jnp.asarray(test_counts), num_classes=num_classes)
+  return jax.device_put(ClientDatasets(x=xs, y=ys, counts=counts, x_test=xt, y_test=yt,
+                                       test_counts=test_counts, num_classes=num_classes))

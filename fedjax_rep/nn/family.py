@@ -27,6 +27,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_rep.core import struct
 from fedjax_rep.nn import params as params_lib
@@ -114,14 +115,14 @@ def member(algorithm: Personalized, flat: dict) -> Member | None:
   kind = type(algorithm)
   if kind not in MEMBERS:
     return None
-  shared = {p: jnp.bool_(label == params_lib.SHARED)
+  shared = {p: np.bool_(label == params_lib.SHARED)
             for p, label in algorithm.labels(flat).items()}
   is_fedrep = kind is FedRep
-  return Member(shared=shared,
-                trained=shared if is_fedrep else {p: jnp.bool_(True) for p in flat},
-                head_phase=jnp.bool_(is_fedrep),
-                head_epochs=jnp.int32(algorithm.head_epochs if is_fedrep else 0),
-                local_epochs=jnp.int32(algorithm.local_epochs))
+  return jax.device_put(Member(  # numpy scalars placed: no device program compiles
+      shared=shared, trained=shared if is_fedrep else {p: np.bool_(True) for p in flat},
+      head_phase=np.bool_(is_fedrep),
+      head_epochs=np.int32(algorithm.head_epochs if is_fedrep else 0),
+      local_epochs=np.int32(algorithm.local_epochs)))
 
 
 def ft_epochs(algorithm: Personalized) -> int:
@@ -131,7 +132,7 @@ def ft_epochs(algorithm: Personalized) -> int:
 
 def with_epochs(hparams: NNHparams, option: str, epochs: int) -> NNHparams:
   """`hparams` with the option `option` (an epoch count) set to `epochs`."""
-  return hparams.replace(options={**hparams.options, option: jnp.int32(epochs)})
+  return hparams.replace(options={**hparams.options, option: jax.device_put(np.int32(epochs))})
 
 
 def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tuple:
@@ -148,8 +149,8 @@ def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tupl
 
   example: one input of the data (array or shape-dtype)."""
   sample = jax.ShapeDtypeStruct((1, *example.shape), example.dtype)
-  flat = params_lib.flatten(jax.eval_shape(algorithm.model.init, jax.random.key(0),
-                                           sample)["params"])
+  flat = params_lib.flatten(jax.eval_shape(  # the key made inside: nothing compiles
+      lambda x: algorithm.model.init(jax.random.key(0), x), sample)["params"])
   own = member(algorithm, flat)
   common = lambda a: tuple(getattr(a, f) for f in COMMON)
   group = [a for a in (algorithm, *peers)

@@ -4,7 +4,7 @@ import dataclasses
 import math
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from fedjax_rep.core import struct
 from fedjax_rep.nn import conventions
@@ -61,9 +61,9 @@ def hparams(lr: float = 0.01, momentum: float = 0.5, weight_decay: float = 1e-4,
                                    for name, value in options.items())):
     if not ok:  # NaN fails every comparison
       raise ValueError(f"{name}={value!r} is out of range: {name} must be {valid}")
-  return NNHparams(lr=jnp.float32(lr), momentum=jnp.float32(momentum),
-                   weight_decay=jnp.float32(weight_decay),
-                   options={name: jnp.float32(value) for name, value in options.items()})
+  return jax.device_put(NNHparams(  # numpy scalars placed: no device program compiles
+      lr=np.float32(lr), momentum=np.float32(momentum), weight_decay=np.float32(weight_decay),
+      options={name: np.float32(value) for name, value in options.items()}))
 
 
 def valid_option(name: str, value: float) -> bool:

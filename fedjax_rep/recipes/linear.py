@@ -3,7 +3,6 @@
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core import cohort as cohort_lib
@@ -71,8 +70,8 @@ def fedavg_init(default="random"):
 
 
 def hparams(config) -> LinearHparams:
-  return LinearHparams(lr=jnp.float32(config.lr),
-                       head_lr=jnp.float32(getattr(config, "head_lr", config.lr)))
+  return jax.device_put(LinearHparams(  # numpy scalars placed: no device program compiles
+      lr=np.float32(config.lr), head_lr=np.float32(getattr(config, "head_lr", config.lr))))
 
 
 def seed_data(keys, *, num_clients, dim, rep_dim, noise_std, samples=0, test_samples=0,

@@ -197,15 +197,17 @@ def trained(unit, unit_name, name, config, model, data, keys, num_clients, progr
   that the program takes."""
   peers = [algorithm(n, config, model, num_clients) for n in getattr(config, "algorithms", ())]
   own = algorithm(name, config, model, num_clients)
-  program, program_hparams = shared_program(config, own, hparams(config), peers,
-                                            data.x[0, 0, 0])
+  example = jax.ShapeDtypeStruct(data.x.shape[3:], data.x.dtype)  # one input [...]
+  program, program_hparams = shared_program(config, own, hparams(config), peers, example)
   return trained_unit(unit, unit_name, program, data, program_hparams, keys, config.rounds,
                       config.eval_every, progress)
 
 
-def run_keys(seed_values) -> jax.Array:
-  """The run keys [seeds] of seeds `seed_values` (consecutive), as every recipe derives them."""
-  return shared.seed_keys(seed_values[0], len(seed_values))[:, 2]
+def run_keys(seed_values, repeats: int = 1) -> jax.Array:
+  """The run keys [repeats * seeds] of seeds `seed_values` (consecutive), as every recipe
+  derives them; run i * seeds + j has seed j's key."""
+  index = np.tile(np.arange(len(seed_values)), repeats)
+  return shared.run_keys(shared.seed_keys(seed_values[0], len(seed_values)), index)
 
 
 def runs(result, start: int, stop: int) -> dict:

@@ -10,7 +10,6 @@ one vmapped program per algorithm; the others are separate programs.
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.data import federated
@@ -134,14 +133,13 @@ def run(config, seeds: int, unit, progress, settings: list[dict], dataset, model
   num_clients run, with every seed, as one program per algorithm (cached unit
   '<algorithm>-n<num_clients>')."""
   seed_values = list(range(config.seed, config.seed + seeds))
-  keys = common.run_keys(seed_values)
   groups = {}
   for setting in settings:
     groups.setdefault(setting["num_clients"], []).append(setting)
   rows = []
   for num_clients, group in groups.items():
     data = federated.stack([dataset(s, seed) for s in group for seed in seed_values])
-    group_keys = jnp.concatenate([keys] * len(group))  # run i*seeds + j: setting i, seed j
+    group_keys = common.run_keys(seed_values, len(group))  # run i*seeds + j: setting i
     for name in config.algorithms:
       result = common.trained(unit, f"{name}-n{num_clients}", name, config, model, data,
                               group_keys, num_clients, progress)

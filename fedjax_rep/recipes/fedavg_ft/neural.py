@@ -31,7 +31,6 @@ steps more than the features). Both algorithms' final models are analysed by one
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core import loop
@@ -161,7 +160,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   seed_values = list(range(config.seed, config.seed + seeds))
   clients, probes, new = zip(*[seed_data(config, s) for s in seed_values])
   clients, new = federated.stack(list(clients)), tree.stack(new)
-  probe_x, probe_y = (jnp.stack(a) for a in zip(*probes))
+  probe_x, probe_y = tree.stack(probes)
   model = models.make_model(config.model, digits.NUM_CLASSES, precision=config.precision)
   cohort = cohort_size(config.num_clients, config.participation)
   keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data
@@ -174,8 +173,8 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
     # D-SGD runs tau times the rounds, evaluated at FedAvg's numbers of local updates.
     scale = config.local_steps // steps
     result = common.trained_unit(unit, name, algorithm, clients, common.hparams(config),
-                                 keys[:, 2], config.rounds * scale, config.eval_every * scale,
-                                 progress, keep_model=True)
+                                 shared.run_keys(keys), config.rounds * scale,
+                                 config.eval_every * scale, progress, keep_model=True)
     algorithm_rows = common.rows(name, seed_values, result, local_steps=steps)
     for r in algorithm_rows:
       r["local_updates"] = r["round"] * steps

@@ -118,17 +118,17 @@ def run_cell(config, keys, unit, progress, *, rep_dim, num_clients, samples, alg
   """
   seeds = keys.shape[0]
   seed_values = list(range(config.seed, config.seed + seeds))
-  data = problem_data(keys, jnp.float32(config.noise_std), num_clients=num_clients,
+  data = problem_data(keys, np.float32(config.noise_std), num_clients=num_clients,
                       dim=config.dim, samples=tuple(samples), spectrum=config.spectrum)
   data, floors = jax.device_get(with_rep_dim(data, rep_dim))
   block = len(samples) * seeds  # runs of one (name, gamma1): N-major, then seed
-  block_keys = jnp.tile(keys[:, 2], (len(samples),))
+  block_keys = shared.run_keys(keys, np.tile(np.arange(seeds), len(samples)))
   rows = []
   for program, runs in programs(algorithms, rep_dim=rep_dim, num_clients=num_clients,
                                 loss=config.loss, gamma1s=gamma1s).items():
     tiled = shared.concatenate([data] * len(runs))
     hp = hparams(config, np.repeat(np.asarray([g for _, _, g in runs]), block))
-    run_keys = jnp.tile(block_keys, (len(runs),))
+    run_keys = shared.run_keys(keys, np.tile(np.arange(seeds), len(samples) * len(runs)))
     cell = f"{program.name}-k{rep_dim}-M{num_clients}"
 
     def compute():
