@@ -11,6 +11,7 @@ import numpy as np
 
 from fedjax_rep.core import checks
 from fedjax_rep.core import struct
+from fedjax_rep.core import tree
 
 
 @struct.dataclass
@@ -123,14 +124,10 @@ def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
   def padded(a, to):
     return np.pad(np.asarray(a), [(0, 0), (0, to - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
 
-  return jax.device_put(ClientDatasets(  # stacked on the host: no device program compiles
-      x=np.stack([padded(d.x, size) for d in datasets]),
-      y=np.stack([padded(d.y, size) for d in datasets]),
-      counts=np.stack([np.asarray(d.counts) for d in datasets]),
-      x_test=np.stack([padded(d.x_test, test_size) for d in datasets]),
-      y_test=np.stack([padded(d.y_test, test_size) for d in datasets]),
-      test_counts=np.stack([np.asarray(d.test_counts) for d in datasets]),
-      num_classes=datasets[0].num_classes))
+  return tree.stack([d.replace(x=padded(d.x, size), y=padded(d.y, size),
+                                x_test=padded(d.x_test, test_size),
+                                y_test=padded(d.y_test, test_size),
+                                num_classes=datasets[0].num_classes) for d in datasets])
 
 
 def pad(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], size: int | None = None):

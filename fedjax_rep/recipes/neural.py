@@ -182,9 +182,11 @@ def algorithm(name, config, model, num_clients):
       **placement.keywords(config), **options)
 
 
-def shared_program(config, own, own_hparams, peers, example) -> tuple:
+def shared_program(config, own, own_hparams, peers, data) -> tuple:
   """`family.program`'s (program, hparams) of algorithm `own` among `peers`, the hparams
-  with the flags of config's conventions that the program takes (`Conventions.options`)."""
+  with the flags of config's conventions that the program takes (`Conventions.options`);
+  data: the runs' ClientDatasets (x [runs, n, m, ...])."""
+  example = jax.ShapeDtypeStruct(data.x.shape[3:], data.x.dtype)  # one input, not sliced
   program, program_hparams = family.program(own, own_hparams, peers, example)
   return program, program_hparams.replace(options={
       **program_hparams.options, **resolved_conventions(config).options(program)})
@@ -197,8 +199,7 @@ def trained(unit, unit_name, name, config, model, data, keys, num_clients, progr
   that the program takes."""
   peers = [algorithm(n, config, model, num_clients) for n in getattr(config, "algorithms", ())]
   own = algorithm(name, config, model, num_clients)
-  example = jax.ShapeDtypeStruct(data.x.shape[3:], data.x.dtype)  # one input [...]
-  program, program_hparams = shared_program(config, own, hparams(config), peers, example)
+  program, program_hparams = shared_program(config, own, hparams(config), peers, data)
   return trained_unit(unit, unit_name, program, data, program_hparams, keys, config.rounds,
                       config.eval_every, progress)
 

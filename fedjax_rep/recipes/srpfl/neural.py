@@ -206,9 +206,8 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
   results = {}
   for inner in inners:  # one program for all of them where they share it (`nn.family`)
     group = [name for name in names if ALGORITHMS[name][0] == inner]
-    example = jax.ShapeDtypeStruct(datasets.x.shape[3:], datasets.x.dtype)  # one input [...]
     program, program_hparams = common.shared_program(config, inners[inner], inner_hparams,
-                                                     list(inners.values()), example)
+                                                     list(inners.values()), datasets)
     algorithm = timed.EvaluatedTimed(program, sc.speed_model(speed, num_clients),
                                      cohort=cohort, name=f"timed-{program.name}")
     unit_name = f"{inner}-{speed}-r{participation:g}"
