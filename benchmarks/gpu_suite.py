@@ -15,6 +15,10 @@ Parts, in this order, each giving rows of the output:
   cohort  nn_round's FedAvg round of 100 clients x 500 samples on the CIFAR-10 CNN
           (`nn_round.benchmark_model`): the cohort vmapped in client groups of several sizes
           against a per-client loop of jitted calls, on the same device.
+The e2e and round parts run once per precision of `--precision` (float32, the default, and/or
+bf16: `make_model`'s mixed precision, bfloat16 computation with float32 parameters), in that
+order, each row naming its precision; with both, the bf16 rows' seconds per round over the
+float32 rows' are printed. The cohort part runs in float32.
 The data are mock CIFAR-10 (it measures speed): standard normal 32x32x3 images, each client's
 labels drawn from its own S of the 10 classes, 50,000 / n training and 10,000 / n test samples
 per client (CIFAR-10's, split evenly). The client group is chosen from the device's free
@@ -25,6 +29,7 @@ device reports it (not the CPU), and the process's peak RSS, after each part.
 
   python benchmarks/gpu_suite.py                   # the full sizes (an accelerator: <= 8 min)
   python benchmarks/gpu_suite.py --toy --json rows.json   # every part at toy sizes
+  python benchmarks/gpu_suite.py --precision float32 bf16 # FedRep's parts in both precisions
 """
 
 import argparse
@@ -44,7 +49,7 @@ from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data.federated import ClientDatasets
 from fedjax_rep.linear import memory
 from fedjax_rep.nn.hparams import hparams as nn_hparams
-from fedjax_rep.nn.models import make_model
+from fedjax_rep.nn.models import PRECISIONS, make_model
 from fedjax_rep.nn.registry import make_algorithm
 from linear_round import machine_info  # benchmarks/ is the script's directory
 from nn_round import (BATCH, LR, MOMENTUM, NUM_CLASSES, WEIGHT_DECAY, VmapRound,
@@ -221,15 +226,17 @@ def gigabytes(value, scale=1e9):
 
 
 def format_fedrep(rows):
-  """The e2e and round rows as a fixed-width text table."""
-  header = (f"{'part':>5} {'n':>5} {'S':>2} {'cohort':>6} {'group':>5} {'client MB':>9} "
-            f"{'rounds':>6} {'compile s':>9} {'total s':>8} {'s/round':>8} {'examples/s':>10} "
+  """The e2e and round rows (with their precision) as a fixed-width text table."""
+  header = (f"{'part':>5} {'precision':>9} {'n':>5} {'S':>2} {'cohort':>6} {'group':>5} "
+            f"{'client MB':>9} {'rounds':>6} {'compile s':>9} {'total s':>8} {'s/round':>8} "
+            f"{'examples/s':>10} "
             f"{'GFLOP/s':>8} {'of matmul':>9} {'dev peak GB':>11} {'RSS GB':>6} {'load':>5}")
   lines = [header, "-" * len(header)]
   for r in rows:
     lines.append(
-        f"{r['part']:>5} {r['clients']:>5} {r['classes_per_client']:>2} {r['cohort']:>6} "
-        f"{r['group']:>5} {gigabytes(r['client_bytes'], 1e6):>9} {r.get('rounds', 1):>6} "
+        f"{r['part']:>5} {r['precision']:>9} {r['clients']:>5} {r['classes_per_client']:>2} "
+        f"{r['cohort']:>6} {r['group']:>5} {gigabytes(r['client_bytes'], 1e6):>9} "
+        f"{r.get('rounds', 1):>6} "
         f"{r['compile_seconds']:>9.1f} {r.get('total_seconds', r['seconds_per_round']):>8.2f} "
         f"{r['seconds_per_round']:>8.3f} {r['examples_per_second']:>10.0f} "
         f"{r['gflops']:>8.1f} {r['fraction_of_matmul']:>9.1%} "
@@ -248,6 +255,9 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--toy", action="store_true",
                       help="every part at toy sizes (a few clients and samples, 4 rounds)")
+  parser.add_argument("--precision", nargs="+", choices=tuple(PRECISIONS), default=["float32"],
+                      help="the precisions of the e2e and round parts, run in this order "
+                           "(default: float32)")
   parser.add_argument("--json", metavar="PATH",
                       help="also write the rows and the machine as JSON ({machine, rows})")
   args = parser.parse_args()
@@ -260,19 +270,25 @@ def main():
   matmul = matmul_gflops(repeats=2 if args.toy else 5, size=size)
   rows = [{"part": "matmul", "size": size, "gflops": matmul, "load1": load()}]
   print(f"matmul: {matmul:.0f} GFLOP/s (float32 {size}^3)", flush=True)
-  model = make_model(MODEL, NUM_CLASSES)
   hparams = nn_hparams(LR, MOMENTUM, WEIGHT_DECAY)
-  rows.append(end_to_end(model, sizes["e2e"], hparams, matmul))
-  print(f"e2e done {now()}", flush=True)
-  rows.append(one_round(model, sizes["round"], hparams, matmul))
-  print(f"round done {now()}", flush=True)
-  cohort = cohort_rows(model, sizes["cohort"], hparams, matmul)
+  fedrep_rows = []
+  for precision in dict.fromkeys(args.precision):  # in order, each once
+    model = make_model(MODEL, NUM_CLASSES, precision=precision)
+    for part, run in (("e2e", end_to_end), ("round", one_round)):
+      fedrep_rows.append({**run(model, sizes[part], hparams, matmul), "precision": precision})
+      print(f"{part} ({precision}) done {now()}", flush=True)
+  rows += fedrep_rows
+  cohort = cohort_rows(make_model(MODEL, NUM_CLASSES), sizes["cohort"], hparams, matmul)
   rows += cohort
   print(f"\nfinished {now()}\n")
   print(f"FedRep on mock CIFAR-10 (r = {PARTICIPATION}, {HEAD_EPOCHS} head + {BODY_EPOCHS} "
         f"body epochs, batch {BATCH}); e2e: {rows[1]['rounds']} rounds end to end, evaluated "
         f"every {rows[1]['eval_every']}; round: one jitted round")
-  print(format_fedrep(rows[1:3]))
+  print(format_fedrep(fedrep_rows))
+  by = {(r["part"], r["precision"]): r["seconds_per_round"] for r in fedrep_rows}
+  if ("e2e", "bf16") in by and ("e2e", "float32") in by:
+    print("bf16 over float32, seconds per round: " + ", ".join(
+        f"{part} {by[part, 'bf16'] / by[part, 'float32']:.2f}" for part in ("e2e", "round")))
   print(f"\nFedAvg round, {sizes['cohort']['clients']} clients x {sizes['cohort']['samples']} "
         f"samples: vmapped client groups against a per-client loop")
   print(format_table(cohort))

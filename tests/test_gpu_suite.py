@@ -1,5 +1,5 @@
 """benchmarks/gpu_suite.py: its --toy run writes a row of every part with finite, positive
-numbers; its mock CIFAR clients hold S classes each; its client group is the CPU default on
+numbers (FedRep's parts in float32 and in bf16); its mock CIFAR clients hold S classes each; its client group is the CPU default on
 the CPU and what half the free memory holds on an accelerator."""
 
 import json
@@ -37,13 +37,17 @@ def numbers(row):
 @pytest.mark.slow
 def test_the_toy_suite_writes_every_part_with_finite_positive_numbers(tmp_path):
   path = tmp_path / "rows.json"
-  subprocess.run([sys.executable, os.path.join(BENCHMARKS, "gpu_suite.py"), "--toy", "--json",
-                  str(path)], check=True, capture_output=True, text=True, timeout=600)
+  run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "gpu_suite.py"), "--toy",
+                        "--precision", "float32", "bf16", "--json", str(path)], check=True,
+                       capture_output=True, text=True, timeout=600)
   report = json.loads(path.read_text())
   rows = report["rows"]
   assert report["toy"] and any(line.startswith("jax devices") for line in report["machine"])
   assert [r["part"] for r in rows[:3]] == ["matmul", "e2e", "round"]
-  cohort = rows[3:]
+  assert [(r["part"], r["precision"]) for r in rows[1:5]] == [
+      ("e2e", "float32"), ("round", "float32"), ("e2e", "bf16"), ("round", "bf16")]
+  assert "bf16 over float32, seconds per round: e2e " in run.stdout
+  cohort = rows[5:]
   assert {r["part"] for r in cohort} == {"cohort"}
   assert [r["implementation"] for r in cohort].count("loop") == 1
   vmap_groups = [r["group"] for r in cohort if r["implementation"] == "vmap"]
