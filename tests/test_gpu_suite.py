@@ -1,6 +1,7 @@
 """benchmarks/gpu_suite.py: its --toy run writes a row of every part with finite, positive
-numbers (FedRep's parts in float32 and in bf16); its mock CIFAR clients hold S classes each; its client group is the CPU default on
-the CPU and what half the free memory holds on an accelerator."""
+numbers (FedRep's parts in float32 and in bf16); its mock CIFAR clients hold S classes each;
+its client group is the CPU default on the CPU and what half the free memory holds on an
+accelerator."""
 
 import json
 import math

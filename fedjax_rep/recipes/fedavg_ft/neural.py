@@ -164,6 +164,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   model = models.make_model(config.model, digits.NUM_CLASSES, precision=config.precision)
   cohort = cohort_size(config.num_clients, config.participation)
   keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data
+  run_keys = shared.run_keys(keys)
   rows, finals = [], []
   for name in LABELS:
     steps = local_steps(name, config)
@@ -173,7 +174,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
     # D-SGD runs tau times the rounds, evaluated at FedAvg's numbers of local updates.
     scale = config.local_steps // steps
     result = common.trained_unit(unit, name, algorithm, clients, common.hparams(config),
-                                 shared.run_keys(keys), config.rounds * scale,
+                                 run_keys, config.rounds * scale,
                                  config.eval_every * scale, progress, keep_model=True)
     algorithm_rows = common.rows(name, seed_values, result, local_steps=steps)
     for r in algorithm_rows:
