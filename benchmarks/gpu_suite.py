@@ -18,7 +18,9 @@ Parts, in this order, each giving rows of the output:
 The e2e and round parts run once per precision of `--precision` (float32, the default, and/or
 bf16: `make_model`'s mixed precision, bfloat16 computation with float32 parameters), in that
 order, each row naming its precision; with both, the bf16 rows' seconds per round over the
-float32 rows' are printed. The cohort part runs in float32.
+float32 rows' are printed. The cohort part runs in float32. `--parts` picks the parts after
+matmul: `fedrep` (e2e and round) and/or `cohort`, e.g. to split the suite over two calls where
+one command's time is limited.
 The data are mock CIFAR-10 (it measures speed): standard normal 32x32x3 images, each client's
 labels drawn from its own S of the 10 classes, 50,000 / n training and 10,000 / n test samples
 per client (CIFAR-10's, split evenly). The client group is chosen from the device's free
@@ -30,6 +32,7 @@ device reports it (not the CPU), and the process's peak RSS, after each part.
   python benchmarks/gpu_suite.py                   # the full sizes (an accelerator: <= 8 min)
   python benchmarks/gpu_suite.py --toy --json rows.json   # every part at toy sizes
   python benchmarks/gpu_suite.py --precision float32 bf16 # FedRep's parts in both precisions
+  python benchmarks/gpu_suite.py --parts cohort           # matmul and the cohort part only
 """
 
 import argparse
@@ -58,6 +61,7 @@ from nn_round import (BATCH, LR, MOMENTUM, NUM_CLASSES, WEIGHT_DECAY, VmapRound,
 
 MODEL, INPUT_SHAPE = "cifar10-cnn", (32, 32, 3)
 PARTICIPATION, HEAD_EPOCHS, BODY_EPOCHS = 0.1, 10, 1  # FedRep's Table-1 schedule
+PARTS = ("fedrep", "cohort")  # --parts: fedrep is the e2e and round parts
 DEVICE_MATMUL_SIZE = 8192  # the matmul timed on an accelerator (2048, nn_round's, on the CPU)
 GROUP_MEMORY_SHARE = 0.5  # of the device's free memory, for one client group's temporaries
 CPU_GROUP = inspect.signature(make_algorithm).parameters["client_group"].default
@@ -258,6 +262,9 @@ def main():
   parser.add_argument("--precision", nargs="+", choices=tuple(PRECISIONS), default=["float32"],
                       help="the precisions of the e2e and round parts, run in this order "
                            "(default: float32)")
+  parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                      help="the parts to run after matmul: fedrep (e2e and round, in each "
+                           "precision) and/or cohort (default: both)")
   parser.add_argument("--json", metavar="PATH",
                       help="also write the rows and the machine as JSON ({machine, rows})")
   args = parser.parse_args()
@@ -271,33 +278,37 @@ def main():
   rows = [{"part": "matmul", "size": size, "gflops": matmul, "load1": load()}]
   print(f"matmul: {matmul:.0f} GFLOP/s (float32 {size}^3)", flush=True)
   hparams = nn_hparams(LR, MOMENTUM, WEIGHT_DECAY)
-  fedrep_rows = []
-  for precision in dict.fromkeys(args.precision):  # in order, each once
+  fedrep_rows, cohort = [], []
+  # The precisions in their order, each once; none without the fedrep part.
+  precisions = dict.fromkeys(args.precision) if "fedrep" in args.parts else {}
+  for precision in precisions:
     model = make_model(MODEL, NUM_CLASSES, precision=precision)
     for part, run in (("e2e", end_to_end), ("round", one_round)):
       fedrep_rows.append({**run(model, sizes[part], hparams, matmul), "precision": precision})
       print(f"{part} ({precision}) done {now()}", flush=True)
-  rows += fedrep_rows
-  cohort = cohort_rows(make_model(MODEL, NUM_CLASSES), sizes["cohort"], hparams, matmul)
-  rows += cohort
-  print(f"\nfinished {now()}\n")
-  print(f"FedRep on mock CIFAR-10 (r = {PARTICIPATION}, {HEAD_EPOCHS} head + {BODY_EPOCHS} "
-        f"body epochs, batch {BATCH}); e2e: {rows[1]['rounds']} rounds end to end, evaluated "
-        f"every {rows[1]['eval_every']}; round: one jitted round")
-  print(format_fedrep(fedrep_rows))
-  by = {(r["part"], r["precision"]): r["seconds_per_round"] for r in fedrep_rows}
-  if ("e2e", "bf16") in by and ("e2e", "float32") in by:
-    print("bf16 over float32, seconds per round: " + ", ".join(
-        f"{part} {by[part, 'bf16'] / by[part, 'float32']:.2f}" for part in ("e2e", "round")))
-  print(f"\nFedAvg round, {sizes['cohort']['clients']} clients x {sizes['cohort']['samples']} "
-        f"samples: vmapped client groups against a per-client loop")
-  print(format_table(cohort))
-  auto = next(r for r in cohort if r["auto"])
-  print(f"* the fastest group. Automatic group {auto['group']}: "
-        + (f"free device memory at {gigabytes(auto['client_bytes'], 1e6)} MB per client"
-           if accelerator() else "the CPU default")
-        + f". After all parts: device peak {gigabytes(auto['peak_device_bytes'])} GB, "
-        f"peak RSS {gigabytes(auto['peak_rss_bytes'])} GB")
+  if "cohort" in args.parts:
+    cohort = cohort_rows(make_model(MODEL, NUM_CLASSES), sizes["cohort"], hparams, matmul)
+  rows += fedrep_rows + cohort
+  print(f"\nfinished {now()}")
+  if fedrep_rows:
+    print(f"\nFedRep on mock CIFAR-10 (r = {PARTICIPATION}, {HEAD_EPOCHS} head + {BODY_EPOCHS} "
+          f"body epochs, batch {BATCH}); e2e: {fedrep_rows[0]['rounds']} rounds end to end, "
+          f"evaluated every {fedrep_rows[0]['eval_every']}; round: one jitted round")
+    print(format_fedrep(fedrep_rows))
+    by = {(r["part"], r["precision"]): r["seconds_per_round"] for r in fedrep_rows}
+    if ("e2e", "bf16") in by and ("e2e", "float32") in by:
+      print("bf16 over float32, seconds per round: " + ", ".join(
+          f"{part} {by[part, 'bf16'] / by[part, 'float32']:.2f}" for part in ("e2e", "round")))
+  if cohort:
+    print(f"\nFedAvg round, {sizes['cohort']['clients']} clients x "
+          f"{sizes['cohort']['samples']} samples: vmapped client groups against a per-client loop")
+    print(format_table(cohort))
+    auto = next(r for r in cohort if r["auto"])
+    print(f"* the fastest group. Automatic group {auto['group']}: "
+          + (f"free device memory at {gigabytes(auto['client_bytes'], 1e6)} MB per client"
+             if accelerator() else "the CPU default")
+          + f". After all parts: device peak {gigabytes(auto['peak_device_bytes'])} GB, "
+          f"peak RSS {gigabytes(auto['peak_rss_bytes'])} GB")
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"machine": machine_info(), "toy": args.toy, "rows": rows}, f, indent=1)

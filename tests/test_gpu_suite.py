@@ -1,7 +1,7 @@
 """benchmarks/gpu_suite.py: its --toy run writes a row of every part with finite, positive
-numbers (FedRep's parts in float32 and in bf16); its mock CIFAR clients hold S classes each;
-its client group is the CPU default on the CPU and what half the free memory holds on an
-accelerator."""
+numbers (FedRep's parts in float32 and in bf16), and only the parts `--parts` names; its mock
+CIFAR clients hold S classes each; its client group is the CPU default on the CPU and what half
+the free memory holds on an accelerator."""
 
 import json
 import math
@@ -63,6 +63,17 @@ def test_the_toy_suite_writes_every_part_with_finite_positive_numbers(tmp_path):
   e2e = rows[1]
   assert e2e["total_seconds"] == pytest.approx(e2e["rounds"] * e2e["seconds_per_round"])
   assert e2e["first_call_seconds"] > e2e["compile_seconds"]
+
+
+@pytest.mark.slow
+def test_parts_runs_only_the_parts_named(tmp_path):
+  path = tmp_path / "rows.json"
+  run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "gpu_suite.py"), "--toy",
+                        "--parts", "cohort", "--json", str(path)], check=True,
+                       capture_output=True, text=True, timeout=600)
+  rows = json.loads(path.read_text())["rows"]
+  assert rows[0]["part"] == "matmul" and {r["part"] for r in rows[1:]} == {"cohort"}
+  assert "FedRep on mock" not in run.stdout and "FedAvg round, 4 clients" in run.stdout
 
 
 def test_mock_cifar_clients_hold_their_own_classes(gpu_suite):
