@@ -329,7 +329,8 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
   if state is None:
     state = init_state(algorithm, data, hparams, key, sweep_axes=sweep_axes)
   else:  # the chunks donate the state they carry: keep the caller's arrays valid (a copy;
-    # numpy leaves are placed, which compiles nothing)
+    # numpy leaves are placed, which compiles nothing; device arrays by jnp.copy, which
+    # copies arrays spread over processes, where jax.device_put fails)
     state = jax.tree.map(lambda leaf: jnp.copy(leaf) if isinstance(leaf, jax.Array)
                          else jax.device_put(leaf, may_alias=False), state)
   state = jax.block_until_ready(state)
