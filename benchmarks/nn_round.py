@@ -12,8 +12,9 @@ Two implementations of the same round, timed in the same process after compilati
   loop  as fedjax / PFLlib run clients: a Python loop over clients, each one call of a jitted
         per-client function (`train.sgd_epochs` on one client's data, params and key,
         compiled once), then the count-weighted average of the results.
-Before timing, both are run on a small cohort (4 clients with different sample counts, same
-per-client keys fold_in(key_clients, client)) and their averaged params must agree.
+Before timing, both run one short round (4 clients of at most 20 samples with different
+counts, same per-client keys fold_in(key_clients, client), full float32 matmul precision)
+and their averaged params must agree.
 
   python benchmarks/nn_round.py                 # 100 clients x 500 samples, both models
   python benchmarks/nn_round.py --quick         # 10 clients x 100 samples: a smoke test
@@ -46,7 +47,12 @@ MODELS = {
     "mlp": ("mlp", (28, 28, 1), (1, 5, 20), 5),
 }
 QUICK_GROUPS = (2, 5)
-CHECK_CLIENTS, CHECK_GROUP = 4, 2
+# The check: a short round (CHECK_SAMPLES samples, two batches) in full float32 matmul
+# precision. A round of many steps is no check off the CPU: ReLU and max-pool gradients
+# switch at ties, so TF32's rounding (jax's default on NVIDIA GPUs) or another kernel's
+# summation order grows over 50 steps into a different update (measured on an H100, 500
+# samples: loop vs vmap 0.4-0.8 of the update in TF32, 1e-4 to 1e-2 in full precision).
+CHECK_CLIENTS, CHECK_GROUP, CHECK_SAMPLES = 4, 2, 2 * BATCH
 TOLERANCE = 1e-5  # relative error of the averaged params, loop vs vmap
 UPDATE_TOLERANCE = 1e-3  # relative error of the round's update (new - old params)
 
@@ -162,15 +168,18 @@ def relative_errors(params, reference, initial):
   return error, update_error
 
 
-def check(model, input_shape, samples, hparams):
+def check(model, input_shape, hparams):
   """Asserts that one round of the vmap engine (groups of CHECK_GROUP) and of the loop give
-  the same averaged params for CHECK_CLIENTS clients with different sample counts; returns
-  the relative errors of the params and of the update."""
+  the same averaged params for CHECK_CLIENTS clients of at most CHECK_SAMPLES samples (their
+  counts differ), both compiled with full float32 matmul precision; returns the relative
+  errors of the params and of the update."""
+  samples = CHECK_SAMPLES
   counts = [samples - i * samples // 2 // CHECK_CLIENTS for i in range(CHECK_CLIENTS)]
   data = synthetic_data(jax.random.key(10), CHECK_CLIENTS, samples, input_shape, counts)
   key_init, key = jax.random.key(11), jax.random.key(12)
-  vmap = VmapRound(model, data, hparams, key_init, key, CHECK_GROUP)
-  loop = LoopRound(vmap.alg, vmap.initial, data, hparams, key)
+  with jax.default_matmul_precision("highest"):  # the programs compile inside
+    vmap = VmapRound(model, data, hparams, key_init, key, CHECK_GROUP)
+    loop = LoopRound(vmap.alg, vmap.initial, data, hparams, key)
   error, update_error = relative_errors(loop(), vmap(), vmap.initial)
   assert error < TOLERANCE and update_error < UPDATE_TOLERANCE, (
       f"loop and vmap disagree after one round: relative error of the params {error:.1e}, "
@@ -241,8 +250,9 @@ def benchmark_model(name, clients, samples, groups, calls, hparams, matmul):
         f"{forward_flops(model, input_shape) / 1e6:.2f} MFLOP/example, training (x3) "
         f"{train_flops / 1e6:.2f} MFLOP/example, {examples * train_flops / 1e12:.3f} "
         f"TFLOP/round; load {load():.2f}", flush=True)
-  error, update_error = check(model, input_shape, samples, hparams)
-  print(f"[{name}] check ({CHECK_CLIENTS} clients, groups of {CHECK_GROUP}, 1 round, loop vs "
+  error, update_error = check(model, input_shape, hparams)
+  print(f"[{name}] check ({CHECK_CLIENTS} clients, {CHECK_SAMPLES} samples, groups of "
+        f"{CHECK_GROUP}, 1 round in full precision, loop vs "
         f"vmap): relative error of the params {error:.1e}, of the update {update_error:.1e}",
         flush=True)
   data = synthetic_data(jax.random.key(0), clients, samples, input_shape)
