@@ -369,10 +369,11 @@ CONSTRUCTORS = [
         a(X), a(Y), B_star=a(np.zeros((5, 0)))), r"B_star must be .*; got \(5, 0\)"),
     ("client_data: counts of other clients", lambda a: fr.client_data(
         a(X), a(Y), counts=a(np.full(5, 2))),
-     r"counts must be \[clients=6\] integers in \[1, samples=4\]; got shape \(5,\)"),
+     r"counts must be \[clients=6\] integers in \[1, samples=4\]; got shape \(5,\) and "
+     r"dtype int"),
     ("client_data: fractional counts", lambda a: fr.client_data(
-        a(X), a(Y), counts=a(np.full(6, 2.5))), r"counts has dtype float\d+: pass \[clients\] "
-                                                r"integers"),
+        a(X), a(Y), counts=a(np.full(6, 2.5))), r"counts must be \[clients=6\] integers .*; "
+                                                r"got shape \(6,\) and dtype float"),
     ("client_data: a count above the samples", lambda a: fr.client_data(
         a(X), a(Y), counts=a(np.array([4, 4, 5, 4, 4, 4]))), r"got counts\[2\] = 5 \(client 2\)"),
     ("client_data: zero clients", lambda a: fr.client_data(a(X[:0]), a(Y[:0])),

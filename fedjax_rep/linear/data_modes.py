@@ -57,8 +57,8 @@ class FixedData:
 
   def check_layout(self) -> None:
     """Raises ValueError unless the arrays' shapes agree: X [n, m, d] with n, m >= 1, y [n, m],
-    counts [n] in [1, m] (where concrete), X_test [n, t, d] with y_test [n, t], models [n, d],
-    B_star [d, k']."""
+    counts [n] integers in [1, m] (values where concrete), X_test [n, t, d] with y_test
+    [n, t], models [n, d], B_star [d, k'] with k' >= 1."""
     X, y = self.X, self.y
     if len(X.shape) != 3 or tuple(y.shape) != tuple(X.shape[:2]):
       raise ValueError(f"client data must be X [clients, samples, dim] and y [clients, samples]; "
@@ -70,8 +70,9 @@ class FixedData:
                     advice="every client needs at least one sample")
     if self.counts is not None:
       rule = f"counts must be [clients={n}] integers in [1, samples={m}]"
-      if tuple(self.counts.shape) != (n,):
-        raise ValueError(f"{rule}; got shape {tuple(self.counts.shape)}")
+      if tuple(self.counts.shape) != (n,) or not jnp.issubdtype(self.counts.dtype, jnp.integer):
+        raise ValueError(f"{rule}; got shape {tuple(self.counts.shape)} and dtype "
+                         f"{self.counts.dtype}")
       bad = np.flatnonzero((self.counts < 1) | (self.counts > m)) if checks.concrete(
           self.counts) else []
       if len(bad):
@@ -387,14 +388,11 @@ def client_data(X, y, *, X_test=None, y_test=None, B_star=None, counts=None) -> 
     A `FixedData` of float32 arrays (int32 counts), padding rows zeroed.
 
   Raises:
-    ValueError: before the arrays are converted, if the shapes disagree (`check_layout`),
-      counts are no integers or a count is out of range.
+    ValueError: before the arrays are converted, if the shapes disagree, counts are no
+      integers or a count is out of range (`FixedData.check_layout`).
   """
   given = FixedData(*(None if a is None else a if hasattr(a, "shape") else np.asarray(a)
                       for a in (X, y, X_test, y_test, B_star, counts)))
-  if counts is not None and not np.issubdtype(given.counts.dtype, np.integer):
-    raise ValueError(f"counts has dtype {given.counts.dtype}: pass [clients] integers, the "
-                     f"real samples of each client")
   checks.host(given).check_layout()
   as_array = lambda a, dtype=jnp.float32: None if a is None else jnp.asarray(a, dtype)
   data = FixedData(X=as_array(X), y=as_array(y), X_test=as_array(X_test),
