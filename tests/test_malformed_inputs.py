@@ -88,7 +88,7 @@ BAD_ITEMS = {"lr": ["fast", "1_000", "0x10", "1 2", "0.1;0.2", "--1", "1e", ".",
 @st.composite
 def malformed(draw, option):
   """(item, what is wrong): a well-formed item broken in one way."""
-  item, key, values = draw(well_formed(option))
+  item, key, _ = draw(well_formed(option))
   text = item.partition("=")[2]
   items = text.split(",")
   fault = draw(st.sampled_from(["empty", "leading", "trailing", "double", "equals", "no equals",
@@ -115,8 +115,7 @@ def malformed(draw, option):
     at = draw(st.integers(0, len(items)))
     bad = draw(st.sampled_from(BAD_ITEMS[key]))
     return f"{key}={','.join(items[:at] + [bad] + items[at:])}", fault
-  several = option == "--grid" or key == "sizes"
-  if several and option == "--grid":  # a value twice: refused in a grid
+  if option == "--grid":  # a value twice: refused in a grid
     return f"{key}={text},{items[draw(st.integers(0, len(items) - 1))]}", fault
   return f"{key}={text},{text}", fault  # --set: more than one value, or fine for a list
 
