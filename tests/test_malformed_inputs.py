@@ -32,10 +32,13 @@ class Grammar:
   mode: str = cfg.choice("a choice", "fixed", ("fixed", "fresh", "population"))
   decay: float | None = cfg.optional_nonnegative_float("auto or a number >= 0")
   devices: int | str = cfg.setting(1, cfg.Check(int, low=1, words=("all",)), "a word too")
+  modes: tuple = cfg.choice("a list of choices", ("fixed",), ("fixed", "fresh", "population"),
+                            sequence=True)
 
 
 CONFIG = Grammar()
 FIELDS = [f.name for f in dataclasses.fields(Grammar)]
+LISTS = ("sizes", "modes")
 
 # Values of each field as (text, value): written in the ways the grammar takes.
 floats = st.floats(1e-6, 1e6)
@@ -46,6 +49,7 @@ VALUES = {
         [(str(n), n), (f"{n}.0", n), (f"+{n}", n)])),
     "sizes": st.integers(1, 999).map(lambda n: (str(n), n)),
     "mode": st.sampled_from(["fixed", "fresh", "population"]).map(lambda w: (w, w)),
+    "modes": st.sampled_from(["fixed", "fresh", "population"]).map(lambda w: (w, w)),
     "decay": st.one_of(st.just(("auto", None)), floats.map(lambda v: (repr(v), v))),
     "devices": st.one_of(st.just(("all", "all")), st.integers(1, 64).map(lambda n: (str(n), n))),
 }
@@ -57,7 +61,7 @@ def well_formed(draw, option):
   """(item, key, intended values): KEY=V1,V2,... with spaces around items and distinct
   values (one value for --set of a single-valued field)."""
   key = draw(st.sampled_from(FIELDS))
-  several = option == "--grid" or key == "sizes"
+  several = option == "--grid" or key in LISTS
   pairs = draw(st.lists(VALUES[key], min_size=1, max_size=4 if several else 1,
                         unique_by=lambda pair: pair[1]))
   text = ",".join(draw(SPACE) + item + draw(SPACE) for item, _ in pairs)
@@ -69,7 +73,7 @@ def well_formed(draw, option):
 def test_well_formed_settings_parse_to_their_values(case):
   item, key, values = case
   got = getattr(cfg.override(CONFIG, [item]), key)
-  assert got == (values if key == "sizes" else values[0])
+  assert got == (values if key in LISTS else values[0])
 
 
 @FEW
@@ -81,7 +85,8 @@ def test_well_formed_grids_parse_to_their_values(case):
 
 BAD_ITEMS = {"lr": ["fast", "1_000", "0x10", "1 2", "0.1;0.2", "--1", "1e", ".", "0,1.5.2"],
              "rounds": ["2.5", "three", "1e-1", "nan", "inf", "1e400"],
-             "sizes": ["0.5", "a", "-"], "mode": ["streaming", "FIXED"], "decay": ["AUTO", "x"],
+             "sizes": ["0.5", "a", "-"], "mode": ["streaming", "FIXED"], "modes": ["fixed "
+             "fresh", "auto"], "decay": ["AUTO", "x"],
              "devices": ["any", "1.5"]}
 
 
@@ -163,12 +168,23 @@ def test_any_string_parses_as_the_grammar_says_or_is_refused(option, key, text):
     assert "\n" not in message
     return
   assert "=" not in text and "" not in items, item
-  assert option == "--grid" or key == "sizes" or len(items) == 1, item
+  assert option == "--grid" or key in LISTS or len(items) == 1, item
   assert option != "--grid" or len(set(items)) == len(items), item
-  words = {"mode": ("fixed", "fresh", "population"), "decay": ("auto",), "devices": ("all",)}
+  choices = ("fixed", "fresh", "population")
+  words = {"mode": choices, "modes": choices, "decay": ("auto",), "devices": ("all",)}
   for t in items:
     assert t in words.get(key, ()) or re.fullmatch(
         r"[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?|[+-]?(nan|inf|infinity)", t, re.I), item
+
+
+def test_a_list_of_choices_names_each_once():
+  """A list of numbers may repeat one (Table-1's paired lists); a list of choices (e.g. the
+  algorithms to compare) may not."""
+  assert cfg.override(CONFIG, ["sizes=2,2"]).sizes == (2, 2)
+  with pytest.raises(cfg.ConfigError, match=r"^modes=fixed,fresh,fixed names a choice twice: "
+                                            r"modes must be a comma-separated list, each one "
+                                            r"of fixed, fresh, population, each once$"):
+    cfg.override(CONFIG, ["modes=fixed,fresh,fixed"])
 
 
 def test_a_key_given_twice_in_set_is_refused():
@@ -236,7 +252,8 @@ def test_generated_malformed_strings_never_run(case):
   if fault == "repeated" and option == "--set" and key == "sizes":
     return  # a list may repeat a value
   if fault not in KEY_FAULTS:
-    item = {"sizes": "num_clients", "mode": "data_mode", "decay": "noise_std"}.get(
+    item = {"sizes": "num_clients", "mode": "data_mode", "modes": "algorithms",
+            "decay": "noise_std"}.get(
         key, key) + item[len(key):]
   with tempfile.TemporaryDirectory() as directory, contextlib.redirect_stderr(io.StringIO()) as err:
     out = os.path.join(directory, "out")

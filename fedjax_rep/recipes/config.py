@@ -275,7 +275,8 @@ def apply(config, combination: dict):
 
 
 def validate(config):
-  """Returns `config` if every field is in its range and the cross-field rules hold."""
+  """Returns `config` if every field is in its range (a list of choices names each once) and
+  the cross-field rules hold."""
   for name, field in fields(type(config)).items():
     check, value = field.metadata["check"], getattr(config, name)
     values = value if check.sequence else (value,)
@@ -284,6 +285,9 @@ def validate(config):
     for v in values:
       if not check.ok(v):
         raise ConfigError(f"{name}={v!r} is out of range: {name} must be {check.describe()}")
+    if check.sequence and check.choices is not None and len(set(value)) < len(value):
+      raise ConfigError(f"{name}={','.join(map(str, value))} names a choice twice: {name} must "
+                        f"be {check.describe()}, each once")
   if hasattr(config, "check"):
     config.check()
   return config
