@@ -7,6 +7,8 @@ import dataclasses
 import io
 import os
 import re
+import subprocess
+import sys
 import tempfile
 
 import jax
@@ -239,6 +241,18 @@ def test_the_command_line_refuses_malformed_settings(args, message, capsys, tmp_
   error = capsys.readouterr().err
   assert error.count("\n") == 1 and re.match(r"fedjax-rep: error: " + message, error), error
   assert compiles.count == 0 and not out.exists()
+
+
+def test_the_issues_grid_exits_2_from_the_shell(tmp_path):
+  """`fedjax-rep run --grid lr=0.1,,0.2` as a process: exit status 2, one line, no --out."""
+  run = subprocess.run([sys.executable, "-m", "fedjax_rep", "run", "fedrep-fig3", "--quick",
+                        "--grid", "lr=0.1,,0.2", "--out", "out"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+  assert run.returncode == 2 and not run.stdout, run
+  assert run.stderr == ("fedjax-rep: error: --grid lr=0.1,,0.2: an empty value between two "
+                        "commas; give one or more distinct values of lr, each a number in "
+                        "(0, inf), separated by single commas\n")
+  assert not os.listdir(tmp_path)
 
 
 @hypothesis.settings(max_examples=8, deadline=None)
