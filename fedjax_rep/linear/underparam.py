@@ -127,9 +127,9 @@ def make_data(key: jax.Array, models: jax.Array, rep_dim: int | None, samples: i
       samples not an integer >= 1; pad_to not None or an integer >= samples; noise_std not
       a finite number >= 0 (where concrete).
   """
-  if len(models.shape) != 2 or min(models.shape) < 1:
+  if len(jnp.shape(models)) != 2 or min(jnp.shape(models)) < 1:
     raise ValueError(f"make_data: models must be [clients >= 1, dim >= 1] (Phi^T, e.g. from "
-                     f"make_models); got shape {tuple(models.shape)}")
+                     f"make_models); got shape {jnp.shape(models)}")
   num_clients, dim = models.shape
   checks.positive_ints("make_data", samples=samples)
   if rep_dim is not None:
