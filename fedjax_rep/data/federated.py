@@ -172,7 +172,7 @@ def pad(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], size: int | None 
   xs = np.zeros((len(parts), size, *x.shape[1:]), x.dtype)
   ys = np.zeros((len(parts), size), np.int32)
   for i, p in enumerate(parts):
-    p = p.astype(np.intp)  # an empty part may be a float array (np.asarray([]))
+    p = np.asarray(p, np.intp)  # a list, or an empty part that np.asarray([]) made float
     xs[i, :len(p)] = x[p]
     ys[i, :len(p)] = y[p]
   return xs, ys, counts
