@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
   run.add_argument("--quick", action="store_true", help="shrunk version that runs in seconds")
   run.add_argument("--seeds", type=int, default=None, help="number of seeds (run as one vmap)")
   run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a configuration field (repeatable)")
+                   help="override a configuration field (repeatable, each key once; a list "
+                   "field takes V1,V2,...; the grammar is in docs/cli.md)")
   run.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="sweep a configuration field over these values (repeatable: every "
                    "combination runs; a list field takes one value at a time); the swept "

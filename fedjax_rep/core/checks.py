@@ -134,12 +134,12 @@ def in_range(name: str, value, low, high=None, what: str = "", advice: str = "")
   raise ValueError(f"{name} = {value} is out of range: it must be {bound}{what}; {advice}")
 
 
-def positive_ints(owner: str, **values) -> None:
-  """Raises ValueError unless every value is an integer >= 1 (structure checked at
-  construction, e.g. rep_dim and cohort)."""
+def positive_ints(owner: str, low: int = 1, **values) -> None:
+  """Raises ValueError unless every value is an integer >= low (structure checked at
+  construction, e.g. rep_dim and cohort; sizes that may be 0 with low=0)."""
   for name, value in values.items():
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-      raise ValueError(f"{owner}: {name} must be an integer >= 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+      raise ValueError(f"{owner}: {name} must be an integer >= {low}, got {value!r}")
 
 
 def finite(name: str, array, axes: tuple = (), advice: str = "drop or impute it") -> None:

@@ -40,14 +40,12 @@ class ClientDatasets:
     """m: the padded number of training samples per client."""
     return self.x.shape[1]
 
-  def check(self, classes: int | None = None) -> None:
-    """Raises ValueError on datasets no algorithm can train on: no clients or training rows,
-    shapes that disagree, counts outside [0, m] (test_counts: [0, t]), no training sample
-    at all, non-finite inputs and labels outside [0, classes) (default num_classes; a
-    model's outputs) naming the client and sample. Warns on clients without training
-    samples or whose training inputs are all zero. Values are checked where concrete
-    (`core.checks`)."""
-    classes = self.num_classes if classes is None else classes
+  def check_layout(self) -> None:
+    """Raises ValueError unless the arrays' shapes agree: x [n, m, *features] with n, m >= 1,
+    y [n, m], counts [n], x_test [n, t, *features], y_test [n, t], test_counts [n]."""
+    if len(self.x.shape) < 2 or len(self.x_test.shape) < 2:
+      raise ValueError(f"x and x_test must be [clients, rows, *features]; got x "
+                       f"{tuple(self.x.shape)} and x_test {tuple(self.x_test.shape)}")
     n, m = self.x.shape[:2]
     t = self.x_test.shape[1]
     checks.in_range("num_clients (x.shape[0])", n, 1, advice="pass at least one client")
@@ -61,6 +59,18 @@ class ClientDatasets:
                          f"{tuple(self.x.shape)} needs {shape}: ClientDatasets holds x [clients, "
                          f"rows, *features], y [clients, rows], counts [clients], and the same "
                          f"for the test split")
+
+  def check(self, classes: int | None = None) -> None:
+    """Raises ValueError on datasets no algorithm can train on: no clients or training rows,
+    shapes that disagree, counts outside [0, m] (test_counts: [0, t]), no training sample
+    at all, non-finite inputs and labels outside [0, classes) (default num_classes; a
+    model's outputs) naming the client and sample. Warns on clients without training
+    samples or whose training inputs are all zero. Values are checked where concrete
+    (`core.checks`)."""
+    classes = self.num_classes if classes is None else classes
+    self.check_layout()
+    n, m = self.x.shape[:2]
+    t = self.x_test.shape[1]
     for name in ("x", "x_test"):
       checks.finite(name, getattr(self, name), ("client", "sample"))
     for name in ("y", "y_test"):
@@ -112,12 +122,36 @@ def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
   Each is padded with zero rows to the largest m and t among them.
 
   Args:
-    datasets: s ClientDatasets of n clients each, of one num_classes.
+    datasets: s >= 1 ClientDatasets of the same n clients, input shape and dtype and
+      num_classes (e.g. one partition per seed).
 
   Returns:
     ClientDatasets with x [s, n, m, ...], y [s, n, m], counts [s, n], x_test [s, n, t, ...],
-    y_test [s, n, t] and test_counts [s, n]; num_classes of the first.
+    y_test [s, n, t] and test_counts [s, n].
+
+  Raises:
+    ValueError: no datasets, one that is not a ClientDatasets or whose shapes disagree
+      (`ClientDatasets.check_layout`), or datasets that differ in n, input shape or dtype, or
+      num_classes.
   """
+  if isinstance(datasets, ClientDatasets) or not len(datasets):
+    got = "one ClientDatasets" if isinstance(datasets, ClientDatasets) else "none"
+    raise ValueError(f"stack takes a non-empty list of ClientDatasets (e.g. one per seed); got "
+                     f"{got}")
+  kinds = lambda d: {"clients": d.x.shape[0], "input shape": tuple(d.x.shape[2:]),
+                     "input dtype": np.dtype(d.x.dtype), "num_classes": d.num_classes}
+  for i, d in enumerate(datasets):
+    if not isinstance(d, ClientDatasets):
+      raise ValueError(f"stack: datasets[{i}] is a {type(d).__name__}, not a ClientDatasets")
+    try:
+      d.check_layout()
+    except ValueError as error:
+      raise ValueError(f"stack: datasets[{i}]: {error}") from None
+    for what, value in kinds(d).items():
+      if value != kinds(datasets[0])[what]:
+        raise ValueError(f"stack: datasets[{i}] has {what} {value} but datasets[0] has "
+                         f"{kinds(datasets[0])[what]}: stack datasets of the same clients, "
+                         f"input shape and dtype and classes (e.g. one partition per seed)")
   size = max(d.x.shape[1] for d in datasets)
   test_size = max(d.x_test.shape[1] for d in datasets)
 
@@ -126,24 +160,66 @@ def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
 
   return tree.stack([d.replace(x=padded(d.x, size), y=padded(d.y, size),
                                 x_test=padded(d.x_test, test_size),
-                                y_test=padded(d.y_test, test_size),
-                                num_classes=datasets[0].num_classes) for d in datasets])
+                                y_test=padded(d.y_test, test_size)) for d in datasets])
 
 
 def pad(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], size: int | None = None):
   """(x [n, size, ...], y [n, size], counts [n]) of clients whose samples are the rows
-  `parts[i]` of x [N, ...], y [N]; x keeps its dtype, y becomes int32, padding rows are
-  zero. size defaults to the largest part."""
+  `parts[i]` (integer arrays, in range, no longer than size) of x [N, ...], y [N]; x keeps
+  its dtype, y becomes int32, padding rows are zero. size defaults to the largest part."""
   counts = np.array([len(p) for p in parts], np.int32)
   size = int(counts.max()) if size is None else size
-  if counts.max() > size:
-    raise ValueError(f"a client has {counts.max()} samples, more than size={size}")
   xs = np.zeros((len(parts), size, *x.shape[1:]), x.dtype)
   ys = np.zeros((len(parts), size), np.int32)
   for i, p in enumerate(parts):
+    p = np.asarray(p, np.intp)  # a list, or an empty part that np.asarray([]) made float
     xs[i, :len(p)] = x[p]
     ys[i, :len(p)] = y[p]
   return xs, ys, counts
+
+
+def _check_split(names: tuple, x, y, parts, size, num_classes: int, train_shape=None) -> None:
+  """Raises ValueError unless one split's numpy arrays fit together: x [N, ...] (the test
+  split's with x's `train_shape` after the first axis), y [N] of integer labels in
+  [0, num_classes), parts of 1-D integer row indices in [0, N), size None or an integer >=
+  the largest part (training: >= 1, and some part not empty). `names`: the arguments'
+  names, (x, y, parts, size) or (x_test, y_test, test_parts, test_size)."""
+  x_, y_, parts_, size_ = names
+  if x.ndim < 1 or y.shape != x.shape[:1]:
+    raise ValueError(f"client_datasets: {y_} has shape {y.shape} but {x_} has shape {x.shape}: "
+                     f"pass {y_} [N] with one label per row of {x_} [N, ...]")
+  if train_shape is not None and x.shape[1:] != train_shape[1:]:
+    raise ValueError(f"client_datasets: {x_} has shape {x.shape} but x has shape {train_shape}: "
+                     f"pass {x_} [T, {', '.join(map(str, train_shape[1:]))}], the shape of x "
+                     f"after its first axis")
+  if not np.issubdtype(y.dtype, np.integer):
+    raise ValueError(f"client_datasets: {y_} has dtype {y.dtype}: labels must be integers "
+                     f"(class indices in [0, num_classes={num_classes}))")
+  bad = np.flatnonzero((y < 0) | (y >= num_classes))
+  if bad.size:
+    raise ValueError(f"client_datasets: {y_}[{bad[0]}] = {y[bad[0]]} is not a class in "
+                     f"[0, num_classes={num_classes}): relabel the data or raise num_classes")
+  for i, p in enumerate(parts):
+    if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
+      raise ValueError(f"client_datasets: {parts_}[{i}] has shape {p.shape} and dtype "
+                       f"{p.dtype}: each part must be a 1-D array of integer row indices")
+    bad = np.flatnonzero((p < 0) | (p >= len(y)))
+    if bad.size:
+      raise ValueError(f"client_datasets: {parts_}[{i}][{bad[0]}] = {p[bad[0]]} is out of "
+                       f"range: row indices into {x_}, {y_} ({len(y)} rows) must be in "
+                       f"[0, {len(y)})")
+  training = train_shape is None
+  longest = max(range(len(parts)), key=lambda i: len(parts[i]))
+  if size is None:
+    if training and not len(parts[longest]):
+      raise ValueError(f"client_datasets: every part of {parts_} is empty: the clients need "
+                       f"training rows")
+    return
+  checks.positive_ints("client_datasets", low=int(training), **{size_: size})
+  if len(parts[longest]) > size:
+    raise ValueError(f"client_datasets: {size_} = {size} is less than the "
+                     f"{len(parts[longest])} rows of {parts_}[{longest}]: pass {size_} >= "
+                     f"{len(parts[longest])}, or None (the largest part)")
 
 
 def client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes: int,
@@ -154,10 +230,10 @@ def client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes: int,
   (x_test, y_test); padding rows are zero.
 
   Args:
-    x: training inputs [N, ...] (numpy; any dtype, kept).
-    y: training labels [N] (integers; stored as int32).
-    parts: n index arrays into x, y (e.g. from `partition`).
-    x_test: test inputs [T, ...].
+    x: training inputs [N, ...] (numpy or jax; any dtype, kept).
+    y: training labels [N] (integers in [0, num_classes); stored as int32).
+    parts: n >= 1 index arrays into x, y (1-D integers in [0, N), e.g. from `partition`).
+    x_test: test inputs [T, ...] (the shape of x after its first axis).
     y_test: test labels [T].
     test_parts: n index arrays into x_test, y_test.
     num_classes: the number of classes (static).
@@ -169,11 +245,24 @@ def client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes: int,
     y_test [n, t] and test_counts [n].
 
   Raises:
-    ValueError: parts and test_parts differ in length, or a part exceeds its size.
+    ValueError, before anything is indexed: num_classes not an integer >= 1, no parts,
+    parts and test_parts of different lengths, y not [N] with x [N, ...] (likewise the test
+    split), x_test's shape after its first axis not x's, labels that are no integers or
+    outside [0, num_classes), a part that is no 1-D integer array or holds a row index
+    outside [0, N), every part empty, a size below its largest part (size < 1).
   """
+  checks.positive_ints("client_datasets", num_classes=num_classes)
+  if not len(parts):
+    raise ValueError("client_datasets: parts is empty: pass one index array per client")
   if len(parts) != len(test_parts):
-    raise ValueError(f"{len(parts)} train parts but {len(test_parts)} test parts")
-  xs, ys, counts = pad(np.asarray(x), np.asarray(y), parts, size)
-  xt, yt, test_counts = pad(np.asarray(x_test), np.asarray(y_test), test_parts, test_size)
+    raise ValueError(f"client_datasets: {len(parts)} train parts but {len(test_parts)} test "
+                     f"parts: pass one index array of each per client")
+  x, y, x_test, y_test = map(np.asarray, (x, y, x_test, y_test))
+  parts, test_parts = [np.asarray(p) for p in parts], [np.asarray(p) for p in test_parts]
+  _check_split(("x", "y", "parts", "size"), x, y, parts, size, num_classes)
+  _check_split(("x_test", "y_test", "test_parts", "test_size"), x_test, y_test, test_parts,
+               test_size, num_classes, x.shape)
+  xs, ys, counts = pad(x, y, parts, size)
+  xt, yt, test_counts = pad(x_test, y_test, test_parts, test_size)
   return jax.device_put(ClientDatasets(x=xs, y=ys, counts=counts, x_test=xt, y_test=yt,
                                        test_counts=test_counts, num_classes=num_classes))

@@ -25,7 +25,7 @@ from fedjax_rep.core import struct
 from fedjax_rep.linear import fresh_statistics
 from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import metrics as metrics_lib
-from fedjax_rep.linear.problem import LinearProblem, sample, sample_clients
+from fedjax_rep.linear.problem import LinearProblem, check_noise_std, sample, sample_clients
 from fedjax_rep.linear.validation import check_scale
 
 
@@ -57,8 +57,8 @@ class FixedData:
 
   def check_layout(self) -> None:
     """Raises ValueError unless the arrays' shapes agree: X [n, m, d] with n, m >= 1, y [n, m],
-    counts [n] in [1, m] (where concrete), X_test [n, t, d] with y_test [n, t], models [n, d],
-    B_star [d, k']."""
+    counts [n] integers in [1, m] (values where concrete), X_test [n, t, d] with y_test
+    [n, t], models [n, d], B_star [d, k'] with k' >= 1."""
     X, y = self.X, self.y
     if len(X.shape) != 3 or tuple(y.shape) != tuple(X.shape[:2]):
       raise ValueError(f"client data must be X [clients, samples, dim] and y [clients, samples]; "
@@ -70,8 +70,9 @@ class FixedData:
                     advice="every client needs at least one sample")
     if self.counts is not None:
       rule = f"counts must be [clients={n}] integers in [1, samples={m}]"
-      if tuple(self.counts.shape) != (n,):
-        raise ValueError(f"{rule}; got shape {tuple(self.counts.shape)}")
+      if tuple(self.counts.shape) != (n,) or not jnp.issubdtype(self.counts.dtype, jnp.integer):
+        raise ValueError(f"{rule}; got shape {tuple(self.counts.shape)} and dtype "
+                         f"{self.counts.dtype}")
       bad = np.flatnonzero((self.counts < 1) | (self.counts > m)) if checks.concrete(
           self.counts) else []
       if len(bad):
@@ -87,8 +88,10 @@ class FixedData:
                          f"samples]; got {tuple(X_test.shape)} and {tuple(y_test.shape)}")
     if self.models is not None and tuple(self.models.shape) != (n, d):
       raise ValueError(f"models must be [clients={n}, dim={d}]; got {tuple(self.models.shape)}")
-    if self.B_star is not None and (len(self.B_star.shape) != 2 or self.B_star.shape[0] != d):
-      raise ValueError(f"B_star must be [dim={d}, rep_dim]; got {tuple(self.B_star.shape)}")
+    if self.B_star is not None and (len(self.B_star.shape) != 2 or self.B_star.shape[0] != d
+                                    or self.B_star.shape[1] < 1):
+      raise ValueError(f"B_star must be [dim={d}, rep_dim >= 1]; got "
+                       f"{tuple(self.B_star.shape)}")
 
   def check(self, rep_dim: int, heads: bool = True) -> None:
     """Raises ValueError on data a linear algorithm with rep_dim k cannot run on: a bad layout
@@ -202,23 +205,17 @@ class ProblemData:
     return self.problem.B_star
 
   def check(self, rep_dim: int, heads: bool = True) -> None:
-    """Raises ValueError on a problem a linear algorithm with rep_dim k cannot run on: B_star
-    not [d, k*] or W_star not [n, k*] with n >= 1, k > d, non-finite B_star, W_star or
-    noise_std, noise_std < 0 (values where concrete). `heads`: see `FreshData.check`."""
+    """Raises ValueError on a problem a linear algorithm with rep_dim k cannot run on: a bad
+    layout (`LinearProblem.check_layout`), k > d, non-finite B_star, W_star or noise_std,
+    noise_std < 0 (values where concrete). `heads`: see `FreshData.check`."""
     del heads
-    B_star, W_star, noise_std = self.problem.B_star, self.problem.W_star, self.problem.noise_std
-    if len(B_star.shape) != 2 or len(W_star.shape) != 2 or B_star.shape[1] != W_star.shape[1]:
-      raise ValueError(f"the problem must have B_star [dim, k*] and W_star [clients, k*]; got "
-                       f"{tuple(B_star.shape)} and {tuple(W_star.shape)}")
-    checks.in_range("num_clients (W_star.shape[0])", W_star.shape[0], 1,
-                    advice="the problem needs at least one client")
+    self.problem.check_layout()
     checks.in_range("rep_dim", rep_dim, 1, self.dim, "the data's dimension d",
                     "choose a smaller rep_dim")
-    checks.finite("B_star", B_star, advice="the ground-truth subspace must be finite")
-    checks.finite("W_star", W_star, ("client",), "ground-truth heads must be finite")
-    checks.finite("noise_std", noise_std, advice="it must be a finite number >= 0")
-    if checks.concrete(noise_std) and np.any(noise_std < 0):
-      raise ValueError(f"noise_std = {noise_std} is out of range: it must be >= 0")
+    checks.finite("B_star", self.problem.B_star,
+                  advice="the ground-truth subspace must be finite")
+    checks.finite("W_star", self.problem.W_star, ("client",), "ground-truth heads must be finite")
+    check_noise_std(self.problem.noise_std)
 
   def refit_models(self, B: jax.Array) -> None:
     """None: there are no fixed local datasets to refit heads on (clients keep theirs)."""
@@ -355,7 +352,14 @@ def make_fixed_data(key: jax.Array, problem: LinearProblem, samples: int,
   Returns:
     A `FixedData` with X [n, m, d], y [n, m], B_star [d, k] and, if test_samples > 0,
     X_test [n, t, d] and y_test [n, t] float arrays.
+
+  Raises:
+    ValueError: samples not an integer >= 1, test_samples not one >= 0, or a problem of a
+      bad layout (`LinearProblem.check_layout`).
   """
+  checks.positive_ints("make_fixed_data", samples=samples)
+  checks.positive_ints("make_fixed_data", low=0, test_samples=test_samples)
+  problem.check_layout()
   key_train, key_test = jax.random.split(key)
   clients = jnp.arange(problem.num_clients)
   X, y = _sample_clients(key_train, problem, clients, samples)
@@ -384,13 +388,16 @@ def client_data(X, y, *, X_test=None, y_test=None, B_star=None, counts=None) -> 
     A `FixedData` of float32 arrays (int32 counts), padding rows zeroed.
 
   Raises:
-    ValueError: if the shapes disagree or a count is out of range.
+    ValueError: before the arrays are converted, if the shapes disagree, counts are no
+      integers or a count is out of range (`FixedData.check_layout`).
   """
+  given = FixedData(*(None if a is None else a if hasattr(a, "shape") else np.asarray(a)
+                      for a in (X, y, X_test, y_test, B_star, counts)))
+  checks.host(given).check_layout()
   as_array = lambda a, dtype=jnp.float32: None if a is None else jnp.asarray(a, dtype)
   data = FixedData(X=as_array(X), y=as_array(y), X_test=as_array(X_test),
                    y_test=as_array(y_test), B_star=as_array(B_star),
                    counts=as_array(counts, jnp.int32))
-  checks.host(data).check_layout()
   if counts is None:
     return data
   real = jnp.arange(data.samples)[None, :] < data.counts[:, None]

@@ -7,7 +7,9 @@ population) are in `data_modes`; their checks in `validation`.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from fedjax_rep.core import checks
 from fedjax_rep.core import struct
 from fedjax_rep.linear import features
 from fedjax_rep.linear import normals
@@ -29,6 +31,26 @@ class LinearProblem:
   @property
   def num_clients(self) -> int:
     return self.W_star.shape[0]
+
+  def check_layout(self) -> None:
+    """Raises ValueError unless B_star is [d, k*] and W_star [n, k*] with n, d, k* >= 1 and
+    noise_std is a scalar (shapes only: also inside a trace)."""
+    B_star, W_star = self.B_star, self.W_star
+    if (len(B_star.shape) != 2 or len(W_star.shape) != 2 or B_star.shape[1] != W_star.shape[1]
+        or min(B_star.shape) < 1 or len(jnp.shape(self.noise_std))):
+      raise ValueError(f"the problem must have B_star [dim, k*] and W_star [clients, k*] (dim, "
+                       f"k* >= 1) and a scalar noise_std; got {tuple(B_star.shape)}, "
+                       f"{tuple(W_star.shape)} and {tuple(jnp.shape(self.noise_std))}")
+    checks.in_range("num_clients (W_star.shape[0])", W_star.shape[0], 1,
+                    advice="the problem needs at least one client")
+
+
+def check_noise_std(noise_std) -> None:
+  """Raises ValueError unless noise_std is a finite number >= 0 (where concrete)."""
+  noise_std = checks.host(noise_std)
+  checks.finite("noise_std", noise_std, advice="it must be a finite number >= 0")
+  if checks.concrete(noise_std) and np.any(noise_std < 0):
+    raise ValueError(f"noise_std = {noise_std} is out of range: it must be >= 0")
 
 
 def random_heads(key: jax.Array, num_clients: int, rep_dim: int) -> jax.Array:
@@ -58,7 +80,14 @@ def make_problem(key: jax.Array, num_clients: int, dim: int, rep_dim: int,
   Returns:
     A `LinearProblem`: B_star [d, k] and W_star [n, k] float arrays, noise_std a float32
     scalar.
+
+  Raises:
+    ValueError: n, d or k not an integer >= 1, k > d, noise_std not a finite number >= 0
+      (where concrete).
   """
+  checks.positive_ints("make_problem", num_clients=num_clients, dim=dim, rep_dim=rep_dim)
+  checks.in_range("rep_dim", rep_dim, 1, dim, "dim", "choose rep_dim <= dim")
+  check_noise_std(noise_std)
   key_b, key_w = jax.random.split(key)
   heads = (random_heads(key_w, num_clients, rep_dim) if normalize_heads
            else jax.random.normal(key_w, (num_clients, rep_dim)))

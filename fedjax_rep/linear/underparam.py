@@ -8,9 +8,10 @@ B w_i = phi_i for every client; the best one can do is the rank-k truncation of 
 import jax
 import jax.numpy as jnp
 
+from fedjax_rep.core import checks
 from fedjax_rep.linear.data_modes import FixedData
 from fedjax_rep.linear.metrics import model_error
-from fedjax_rep.linear.problem import orthonormal, sample
+from fedjax_rep.linear.problem import check_noise_std, orthonormal, sample
 
 SPECTRA = ("linear", "geometric", "gaussian")
 
@@ -59,12 +60,13 @@ def make_models(key: jax.Array, num_clients: int, dim: int, kind: str = "linear"
     models [M, d]: the rows phi_i^T of Phi^T.
 
   Raises:
-    ValueError: an unknown kind.
+    ValueError: M or d not an integer >= 1, an unknown kind.
   """
-  if kind == "gaussian":
-    return jax.random.normal(key, (num_clients, dim))
+  checks.positive_ints("make_models", num_clients=num_clients, dim=dim)
   if kind not in SPECTRA:
     raise ValueError(f"spectrum must be one of {SPECTRA}, got {kind!r}")
+  if kind == "gaussian":
+    return jax.random.normal(key, (num_clients, dim))
   rank = min(dim, num_clients)
   key_u, key_v = jax.random.split(key)
   U, V = orthonormal(key_u, dim, rank), orthonormal(key_v, num_clients, rank)
@@ -119,8 +121,24 @@ def make_data(key: jax.Array, models: jax.Array, rep_dim: int | None, samples: i
     FixedData with X [M, R, d], y [M, R] (R = pad_to or N), `B_star` the top-k subspace of
     Phi [d, k] (for `principal_angle`), `models` Phi^T [M, d] (for `model_error`) and
     `counts` N for every client (int32 [M]).
+
+  Raises:
+    ValueError: models not [M, d] with M, d >= 1; rep_dim not None or an integer in [1, d];
+      samples not an integer >= 1; pad_to not None or an integer >= samples; noise_std not
+      a finite number >= 0 (where concrete).
   """
+  if len(jnp.shape(models)) != 2 or min(jnp.shape(models)) < 1:
+    raise ValueError(f"make_data: models must be [clients >= 1, dim >= 1] (Phi^T, e.g. from "
+                     f"make_models); got shape {jnp.shape(models)}")
   num_clients, dim = models.shape
+  checks.positive_ints("make_data", samples=samples)
+  if rep_dim is not None:
+    checks.positive_ints("make_data", rep_dim=rep_dim)
+    checks.in_range("rep_dim", rep_dim, 1, dim, "dim, models.shape[1]", "choose a smaller rep_dim")
+  if pad_to is not None:
+    checks.positive_ints("make_data", pad_to=pad_to)
+    checks.in_range("pad_to", pad_to, samples, advice="pad to at least the samples per client")
+  check_noise_std(noise_std)
   rows = pad_to or samples
   X, y = sample(key, jnp.eye(dim), models, noise_std, rows)
   real = jnp.arange(rows) < samples

@@ -9,6 +9,7 @@ the value, the valid range and the valid keys.
 import dataclasses
 import itertools
 import math
+import re
 import typing
 
 
@@ -104,19 +105,27 @@ def fields(config_type) -> dict[str, dataclasses.Field]:
                                     key=lambda f: f.metadata.get("listed_last", False))}
 
 
-def _parse_one(item: str, kind: type, optional: bool = False, words: tuple = ()):
-  if optional and item == "auto":
+# A number as written on the command line (Python's float() also takes '1_000' and spaces).
+_NUMBER = re.compile(r"[+-]?((\d+\.?\d*|\.\d+)(e[+-]?\d+)?|nan|inf|infinity)", re.IGNORECASE)
+
+
+def _parse_one(item: str, check: Check):
+  """The value of one item: 'auto' (None) where optional, a word of check.words, a string,
+  or a number (an integer field takes integers, also written 1e3 or 3.0); ValueError else."""
+  if check.optional and item == "auto":
     return None
-  if item in words:
+  if item in check.words or check.kind is str:
     return item
-  if kind is str:
-    return item
-  number = float(item)
-  if kind is int:
+  if not _NUMBER.fullmatch(item):
+    raise ValueError(item)
+  if check.kind is int:
+    if re.fullmatch(r"[+-]?\d+", item):
+      return int(item)
+    number = float(item)
     if not number.is_integer():
       raise ValueError(item)
     return int(number)
-  return number
+  return float(item)
 
 
 def _field(known: dict, key: str, option: str) -> dataclasses.Field:
@@ -127,38 +136,74 @@ def _field(known: dict, key: str, option: str) -> dataclasses.Field:
   return known[key]
 
 
+def _items(items) -> list[str]:
+  """The --set or --grid items of `items`: a list of strings, or one string."""
+  return [items] if isinstance(items, str) else list(items)
+
+
 def _split(item: str, known: dict, option: str) -> tuple[str, str]:
-  """(KEY, VALUE) of an `option` item 'KEY=VALUE'."""
+  """(KEY, VALUE) of an `option` item 'KEY=VALUE' (KEY stripped of spaces, not empty)."""
   key, sep, text = item.partition("=")
-  if not sep:
+  if not sep or not key.strip():
     raise ConfigError(f"{option} expects KEY=VALUE, got {item!r}; valid keys: {', '.join(known)}")
   return key.strip(), text
+
+
+def _form(key: str, check: Check, option: str) -> str:
+  """What to write after `option` KEY= (--set or --grid), as an instruction."""
+  each = dataclasses.replace(check, sequence=False).describe()
+  if option == "--grid" or check.sequence:
+    distinct = "distinct " if option == "--grid" else ""
+    return f"give one or more {distinct}values of {key}, each {each}, separated by single commas"
+  return f"give one value of {key}: {each}"
 
 
 def _parse(key: str, text: str, check: Check, option: str = "--set"):
   """The value of `--set KEY=TEXT` (a tuple of its comma-separated items for a sequence
   field), or with option='--grid' the tuple of the comma-separated values to sweep (items
-  of a sequence field: each is one element)."""
-  split = check.sequence or option == "--grid"
-  items = [t.strip() for t in text.split(",") if t.strip()] if split else [text.strip()]
-  each = dataclasses.replace(check, sequence=False) if option == "--grid" else check
+  of a sequence field: each is one element). The grammar (docs/cli.md): items separated by
+  single commas, spaces around an item ignored; no empty item (a leading, trailing or
+  double comma), no '=' in TEXT, one item for a --set of a single-valued field."""
+  several = check.sequence or option == "--grid"
+  each = dataclasses.replace(check, sequence=False)
+  form = _form(key, check, option)
+  items = [t.strip() for t in text.split(",")]
+  if not text.strip():
+    raise ConfigError(f"{option} {key}={text}: {form}")
+  problem = None
+  if "=" in text:
+    problem = "a stray '=' in the value"
+  elif "" in items:
+    problem = ("a leading comma" if items[0] == "" else "a trailing comma" if items[-1] == ""
+               else "an empty value between two commas")
+  elif not several and len(items) > 1:
+    problem = f"{key} takes one value, not {len(items)}"
+    form += f", or sweep them with --grid {key}={','.join(items)}"
+  if problem:
+    raise ConfigError(f"{option} {key}={text}: {problem}; {form}")
   values = []
   for item in items:
     try:
-      values.append(_parse_one(item, check.kind, check.optional, check.words))
+      values.append(_parse_one(item, check))
     except (ValueError, OverflowError):
       raise ConfigError(f"{option} {key}={text}: {item!r} is not valid; {key} must be "
-                        f"{each.describe()}") from None
-  return tuple(values) if split else values[0]
+                        f"{(each if option == '--grid' else check).describe()}") from None
+  return tuple(values) if several else values[0]
 
 
 def override(config, items: typing.Sequence[str]):
-  """`config` with each 'KEY=VALUE' of `items` applied (parsed by the field's type)."""
+  """`config` with each 'KEY=VALUE' of `items` (a string is one item) applied, parsed by the
+  field's type (`_parse`); a key given twice is a ConfigError."""
   known = fields(type(config))
-  changes = {}
-  for item in items:
+  changes, given = {}, {}
+  for item in _items(items):
     key, text = _split(item, known, "--set")
-    changes[key] = _parse(key, text, _field(known, key, "--set").metadata["check"])
+    check = _field(known, key, "--set").metadata["check"]
+    if key in given:
+      raise ConfigError(f"{key} is given twice in --set ({given[key]} and {item}); give it "
+                        f"once, as --set {key}={'V1,V2,...' if check.sequence else 'VALUE'}")
+    given[key] = item
+    changes[key] = _parse(key, text, check)
   return validate(dataclasses.replace(config, **changes))
 
 
@@ -174,24 +219,32 @@ def parse_grid(config, grid, overrides: typing.Sequence[str] = ()) -> dict[str, 
   """
   known = fields(type(config))
   if isinstance(grid, typing.Mapping):
-    entries = [(key, tuple(values)) for key, values in grid.items()]
+    entries = []
+    for key, values in grid.items():
+      if isinstance(values, str) or not isinstance(values, typing.Iterable):
+        raise ConfigError(f"grid[{key!r}] = {values!r} is not a list of values; give a list, "
+                          f"e.g. grid={{{key!r}: [V1, V2]}}")
+      entries.append((key, tuple(values), ",".join(map(str, values))))
   else:
     entries = []
-    for item in [grid] if isinstance(grid, str) else grid:
+    for item in _items(grid):
       key, text = _split(item, known, "--grid")
       entries.append((key, _parse(key, text, _field(known, key, "--grid").metadata["check"],
-                                  "--grid")))
-  fixed = {_split(item, known, "--set")[0] for item in overrides}
+                                  "--grid"), text))
+  fixed = {_split(item, known, "--set")[0] for item in _items(overrides)}
   swept = {}
-  for key, values in entries:
+  for key, values, text in entries:
     each = dataclasses.replace(_field(known, key, "--grid").metadata["check"], sequence=False)
     if key in swept or key in fixed:
       where = "twice in --grid" if key in swept else "in both --set and --grid"
       raise ConfigError(f"{key} is given {where}; give all its values once, as "
                         f"--grid {key}=V1,V2,... (each {each.describe()})")
-    if not values or len(set(values)) < len(values):
-      raise ConfigError(f"--grid {key}={','.join(map(str, values))}: give one or more "
-                        f"distinct values of {key}, each {each.describe()}")
+    form = _form(key, each, "--grid")
+    if not values:
+      raise ConfigError(f"--grid {key}=: {form}")
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+      raise ConfigError(f"--grid {key}={text}: {twice[0]} is given twice; {form}")
     swept[key] = values
   for combination in combinations(swept):
     try:
@@ -222,7 +275,8 @@ def apply(config, combination: dict):
 
 
 def validate(config):
-  """Returns `config` if every field is in its range and the cross-field rules hold."""
+  """Returns `config` if every field is in its range (a list of choices names each once) and
+  the cross-field rules hold."""
   for name, field in fields(type(config)).items():
     check, value = field.metadata["check"], getattr(config, name)
     values = value if check.sequence else (value,)
@@ -231,6 +285,9 @@ def validate(config):
     for v in values:
       if not check.ok(v):
         raise ConfigError(f"{name}={v!r} is out of range: {name} must be {check.describe()}")
+    if check.sequence and check.choices is not None and len(set(value)) < len(value):
+      raise ConfigError(f"{name}={','.join(map(str, value))} names a choice twice: {name} must "
+                        f"be {check.describe()}, each once")
   if hasattr(config, "check"):
     config.check()
   return config
