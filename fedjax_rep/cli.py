@@ -9,8 +9,10 @@ import signal
 import sys
 
 from fedjax_rep.core import checkpoint
+from fedjax_rep.core import files
 
 DEFAULT_RECIPE = "fedrep-fig3"
+WRITE_FAILED = 74  # exit status when a file or checkpoint cannot be written (EX_IOERR)
 
 
 def _section(title: str, summaries: dict[str, str]) -> None:
@@ -146,6 +148,12 @@ def main(argv=None) -> int:
       raise distributed.JobError("a job of several processes needs --out DIR (one directory "
                                  "every process sees) or --resume DIR")
     recipe, what = _what_to_run(args)
+    finished = args.resume and outputs.complete(args.resume)
+    if finished:
+      print(f"fedjax-rep: {args.resume} holds a complete run ({', '.join(finished)}): "
+            f"nothing to resume, nothing written; to run it again: fedjax-rep run "
+            f"--from-config {shlex.quote(os.path.join(args.resume, 'config.json'))} --out NEW")
+      return 0
     if args.no_compile_cache:
       compile_cache.disable()
     else:
@@ -161,6 +169,12 @@ def main(argv=None) -> int:
           distributed.JobError) as error:
     print(f"fedjax-rep: error: {error}", file=sys.stderr)
     return 2
+  except files.WriteError as error:
+    out = shlex.quote(what.get("out", "DIR"))
+    print(f"fedjax-rep: error: {error}; what ran before is saved in {out}: once it can be "
+          f"written (e.g. with free space), resume with `fedjax-rep run --resume {out}`",
+          file=sys.stderr)
+    return WRITE_FAILED
   except jax.errors.JaxRuntimeError as error:
     if not distributed.in_job():
       raise

@@ -1,11 +1,13 @@
 """Run directories: atomic writes, resumable units, metrics.csv and config.json."""
 
 import csv
+import fcntl
 import io
 import json
 import os
 import platform
 import shutil
+import zipfile
 from importlib import metadata
 
 import numpy as np
@@ -50,6 +52,55 @@ class OtherRun(OutputError, FileExistsError):
   """--out holds another run (another recipe, configuration, seeds, grid or code)."""
 
 
+class InUse(OutputError):
+  """Another process runs in --out (it holds the directory's lock)."""
+
+
+LOCK = ".lock"  # DIR/.lock: locked by the process that writes DIR, holds its process id
+COMPLETE = ".complete"  # DIR/.complete: written last, lists the files of a finished run
+
+
+def _hold(path: str, fd: int) -> None:
+  """Locks `fd` (DIR/.lock of `path`) for this process, or closes it and raises InUse
+  naming the process id the holder wrote into it."""
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    os.close(fd)
+    raise InUse(f"--out {path} is in use by process {holder or '(starting)'} (a fedjax-rep run "
+                f"holds {os.path.join(path, LOCK)}); wait for it to end, or choose another "
+                f"--out") from None
+
+
+def lock(path: str) -> int:
+  """Locks the run directory `path` (which exists) for this process: flock on DIR/.lock,
+  into which it writes its process id. The lock lasts until the returned descriptor is
+  closed or the process ends, however it ends (a SIGKILL leaves nothing to clean up).
+  InUse when another process holds it."""
+  fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT, 0o666)
+  _hold(path, fd)
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+  return fd
+
+
+def complete(path: str) -> list[str] | None:
+  """The files of the finished run in `path` (as DIR/.complete lists them, all present),
+  or None where it is not one. Writes nothing; checked under the directory's lock (InUse
+  when another process holds it; in a job of several processes, process 0 checks it)."""
+  try:
+    with open(os.path.join(path, COMPLETE)) as f:
+      files = json.load(f)["files"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  if distributed.is_writer() and os.path.exists(os.path.join(path, LOCK)):
+    fd = os.open(os.path.join(path, LOCK), os.O_RDONLY)
+    _hold(path, fd)
+    os.close(fd)
+  return files if all(os.path.isfile(os.path.join(path, name)) for name in files) else None
+
+
 class RunDir:
   """An output directory. Units of work finished earlier (same configuration, seeds and
   grid, written by the same code; a config.json without a grid is a run without one) are
@@ -60,11 +111,13 @@ class RunDir:
   Refused with an OutputError before any work: a path that is a file or cannot be
   created, a non-empty directory that is not a run of this recipe, and a run of it with
   another configuration or written by other code, unless `overwrite` (then the directory's
-  earlier parts are deleted and the run starts over; other files are left alone).
+  earlier parts are deleted and the run starts over; other files are left alone); and
+  (InUse) a directory that another process writes. The writing process holds the
+  directory's lock (`lock`) until `close` (the end of a `with` block) or its end.
 
   In a job of several processes (`core.distributed`) every process opens the same
-  directory (on a file system they all see) and computes every unit; only process 0 writes
-  files, and barriers keep the processes on the same unit.
+  directory (on a file system they all see) and computes every unit; only process 0 locks
+  it and writes files, and barriers keep the processes on the same unit.
   """
 
   def __init__(self, path: str, config: dict, *, overwrite: bool = False,
@@ -77,24 +130,63 @@ class RunDir:
     if not overwrite:
       self._check_previous(config)
     distributed.barrier("fedjax-rep: run directory checked")  # before process 0 writes
-    if distributed.is_writer():
-      parts = os.path.join(path, "parts")
-      if overwrite and os.path.isdir(parts):
+    self._lock = None
+    try:
+      refused = None
+      if distributed.is_writer():
+        try:
+          self._open(overwrite)
+        except OutputError as error:
+          refused = error
+      if distributed.any_process(refused is not None):  # every process of a job stops
+        raise refused or OutputError(f"--out {path} was refused by process 0 of the job "
+                                     f"(its line says why)")
+      self.write_json("config.json", config)
+      distributed.barrier("fedjax-rep: run directory ready")
+    except BaseException:
+      self.close()
+      raise
+
+  def _open(self, overwrite: bool) -> None:
+    """Creates the directory and its parts/ and locks it; with `overwrite`, deletes its
+    earlier parts (and its mark of a finished run) first."""
+    try:
+      os.makedirs(self.path, exist_ok=True)
+    except OSError as error:
+      raise OutputError(f"--out {self.path} cannot be created ({error.strerror}): give a "
+                        f"directory you can write to") from None
+    if not os.access(self.path, os.W_OK | os.X_OK):
+      raise OutputError(f"--out {self.path} is not writable: give a directory you can write "
+                        f"to")
+    self._lock = lock(self.path)
+    parts = os.path.join(self.path, "parts")
+    if overwrite:
+      if os.path.exists(os.path.join(self.path, COMPLETE)):
+        os.unlink(os.path.join(self.path, COMPLETE))
+      if os.path.isdir(parts):
         shutil.rmtree(parts)
-      try:
-        os.makedirs(parts, exist_ok=True)
-      except OSError as error:
-        raise OutputError(f"--out {path} cannot be created ({error.strerror}): give a "
-                          f"directory you can write to") from None
-      if not os.access(path, os.W_OK | os.X_OK):
-        raise OutputError(f"--out {path} is not writable: give a directory you can write to")
-    self.write_json("config.json", config)
-    distributed.barrier("fedjax-rep: run directory ready")
+    os.makedirs(parts, exist_ok=True)
+
+  def close(self) -> None:
+    """Releases the directory's lock (when this process holds it)."""
+    if self._lock is not None:
+      os.close(self._lock)
+      self._lock = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  def finish(self, files: list[str]) -> None:
+    """Marks the run finished, its output `files` written (DIR/.complete, written last)."""
+    self.write_json(COMPLETE, {"files": files})
 
   def _check_previous(self, config: dict) -> None:
     """Refuses (OtherRun) a non-empty `path` that is not a run of config's recipe with the
     same configuration, seeds and grid, written by the same code."""
-    if not os.path.isdir(self.path) or not os.listdir(self.path):
+    if not os.path.isdir(self.path) or not set(os.listdir(self.path)) - {LOCK}:
       return
     hint = "choose another --out, or pass --overwrite to start it over"
     try:
