@@ -227,13 +227,17 @@ class RunDir:
 
   def unit(self, name: str, compute):
     """compute() -> a dict of arrays, possibly nested (dicts of dicts: e.g. a final state's
-    params), saved as parts/NAME.npz under '/'-joined keys; loaded instead if already there.
-    While it computes, its runs checkpoint into parts/NAME.ckpt (deleted once it is saved)."""
+    params), saved as parts/NAME.npz under '/'-joined keys; loaded instead if already there
+    (computed again, after one line saying so, where it cannot be read). While it computes,
+    its runs checkpoint into parts/NAME.ckpt (deleted once it is saved)."""
     path = os.path.join(self.path, "parts", name + ".npz")
     distributed.barrier(f"fedjax-rep: unit {name}")  # every process sees the same parts
     if os.path.exists(path):
-      with np.load(path) as saved:
-        return tree.unflatten({k: saved[k] for k in saved.files})
+      try:
+        with np.load(path) as saved:
+          return tree.unflatten({k: saved[k] for k in saved.files})
+      except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        distributed.warn(f"{path} cannot be read ({error}): computing the unit {name} again")
     checkpoints = os.path.join(self.path, "parts", name + ".ckpt")
     with checkpoint.scope(checkpoints, self.every_rounds, self.every_seconds):
       result = compute()
