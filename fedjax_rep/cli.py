@@ -150,9 +150,11 @@ def main(argv=None) -> int:
     recipe, what = _what_to_run(args)
     finished = args.resume and outputs.complete(args.resume)
     if finished:
-      print(f"fedjax-rep: {args.resume} holds a complete run ({', '.join(finished)}): "
-            f"nothing to resume, nothing written; to run it again: fedjax-rep run "
-            f"--from-config {shlex.quote(os.path.join(args.resume, 'config.json'))} --out NEW")
+      if distributed.is_writer():  # process 0 of a job reports it
+        print(f"fedjax-rep: {args.resume} holds a complete run ({', '.join(finished)}): "
+              f"nothing to resume, nothing written; to run it again: fedjax-rep run "
+              f"--from-config {shlex.quote(os.path.join(args.resume, 'config.json'))} "
+              f"--out NEW")
       return 0
     if args.no_compile_cache:
       compile_cache.disable()
