@@ -69,10 +69,12 @@ def _parser() -> argparse.ArgumentParser:
                    "an existing one with the same configuration and grid is resumed")
   run.add_argument("--overwrite", action="store_true",
                    help="write into an --out that is not empty and not this run (its earlier "
-                   "parts are deleted and the run starts over)")
+                   "parts are deleted and the run starts over); a directory that another "
+                   "run holds is refused all the same")
   run.add_argument("--resume", metavar="DIR",
                    help="continue the run in DIR (recipe, seeds, configuration and grid read "
-                   "from DIR/config.json) from its last checkpoint")
+                   "from DIR/config.json) from its last checkpoint; a complete run is left "
+                   "as it is")
   run.add_argument("--from-config", metavar="PATH",
                    help="run again the run that wrote PATH (a config.json), into --out")
   run.add_argument("--checkpoint-every", type=int, metavar="ROUNDS",

@@ -50,12 +50,14 @@ def one_line(text: str) -> str:
 
 
 def restored_steps(monkeypatch) -> list:
-  """The rounds that the checkpoints restored from now on resumed from (None: none)."""
+  """(the round restored, None for none; what is left in the checkpoint directory) of every
+  checkpoint restore from now on."""
   steps, restore = [], checkpoint.Slot.restore
 
   def record(self, carry_like):
     restored = restore(self, carry_like)
-    steps.append(None if restored is None else restored[0])
+    left = sorted(os.listdir(self.directory)) if os.path.isdir(self.directory) else []
+    steps.append((None if restored is None else restored[0], left))
     return restored
 
   monkeypatch.setattr(checkpoint.Slot, "restore", record)
@@ -75,8 +77,8 @@ def stop_after_round(out, rounds, monkeypatch, capfd) -> None:
 
 def test_a_directory_in_use_is_refused_naming_its_holder_until_a_sigkill_frees_it(
     tmp_path, capfd, reference):
-  """A run in another process holds --out: a second run there, --resume, --overwrite and
-  run_to_dir are refused (exit 2, one line naming the holder's process id) and write
+  """A run in another process holds --out: a second run there (of the same configuration or
+  another), --resume, --overwrite and run_to_dir are refused (exit 2, one line naming the holder's process id) and write
   nothing; once the holder is killed (SIGKILL) the directory is free."""
   out = str(tmp_path / "run")
   held = [*SMALL, "--set", "rounds=1000000", "--checkpoint-every", "100"]
@@ -85,7 +87,7 @@ def test_a_directory_in_use_is_refused_naming_its_holder_until_a_sigkill_frees_i
     wait_for_checkpoint(out, holder)
     before = {path: saved for path, saved in snapshot(out).items() if "/parts/" not in path}
     for command in (["run", "--resume", out], ["run", *held, "--out", out],
-                    ["run", *ARGS, "--out", out, "--overwrite"]):
+                    ["run", *ARGS, "--out", out], ["run", *ARGS, "--out", out, "--overwrite"]):
       assert cli.main([*command, "--no-progress"]) == 2, command
       error = one_line(capfd.readouterr().err)
       assert error == (f"fedjax-rep: error: --out {out} is in use by process {holder.pid} (a "
@@ -186,7 +188,7 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_the_one_before(
   monkeypatch.undo()
   steps = restored_steps(monkeypatch)
   assert cli.main(["run", "--resume", out, "--no-progress"]) == 0
-  assert steps == [1]
+  assert steps == [(1, ["1"])]  # the half-written round 2 deleted
   assert metrics_text(out) == reference
   assert capfd.readouterr().err == ""
   assert os.listdir(os.path.join(out, "parts")) == ["n10-20.npz"]
@@ -217,7 +219,7 @@ def test_a_damaged_checkpoint_is_named_and_the_unit_runs_again(
   damage(step, how)
   steps = restored_steps(monkeypatch)
   assert cli.main(["run", "--resume", out, "--no-progress"]) == 0
-  assert steps == [None]  # no checkpoint left: the unit ran from its start
+  assert steps == [(None, [])]  # the damaged one deleted: the unit ran from its start
   assert one_line(capfd.readouterr().err).startswith(
       f"fedjax-rep: checkpoint {step} cannot be read (")
   assert metrics_text(out) == reference
@@ -267,5 +269,5 @@ def test_sigkill_in_the_middle_of_a_checkpoint_save_then_resume_is_byte_identica
   assert sorted(os.listdir(os.path.join(out, CHECKPOINTS))) == ["1", "2.orbax-checkpoint-tmp"]
   steps = restored_steps(monkeypatch)
   assert cli.main(["run", "--resume", out, "--no-progress"]) == 0
-  assert steps == [1]
+  assert steps == [(1, ["1"])]  # the half-written round 2 deleted
   assert metrics_text(out) == reference

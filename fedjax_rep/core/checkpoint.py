@@ -8,7 +8,7 @@ reached). Outside a scope runs save nothing. Saves are synchronous, so a state i
 before the next chunk reuses its buffers; orbax writes each step to a temporary directory
 and renames it when complete, so a process killed mid-save, or one that cannot write (a
 full disk: `files.WriteError`), leaves the last step intact; the next run deletes the
-temporary directory. A step that cannot be read (truncated, corrupted) is reported in one
+temporary directory (`Slot.manager`). A step that cannot be read (truncated, corrupted) is reported in one
 line and deleted, and its run goes on from the step before it or from its start.
 """
 
@@ -17,6 +17,7 @@ import contextvars
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import time
 
@@ -146,12 +147,18 @@ class Slot:
     self._manager = None
 
   def manager(self):
+    """The orbax manager of the directory, once the temporary directories of saves cut
+    short (by a kill, a full disk) are deleted (by process 0 of a job)."""
     if self._manager is None:
       import orbax.checkpoint as ocp  # here: most runs never save, and orbax is slow to import
+
+      from fedjax_rep.core import distributed  # here: the command line imports jax late
+      if os.path.isdir(self.directory) and distributed.is_writer():
+        for partial in ocp.utils.tmp_checkpoints(self.directory):
+          shutil.rmtree(partial.get())
       self._manager = ocp.CheckpointManager(
           os.path.abspath(self.directory),
-          options=ocp.CheckpointManagerOptions(max_to_keep=1, enable_async_checkpointing=False,
-                                               cleanup_tmp_directories=True))
+          options=ocp.CheckpointManagerOptions(max_to_keep=1, enable_async_checkpointing=False))
     return self._manager
 
   def restore(self, carry_like):

@@ -73,6 +73,16 @@ def _hold(path: str, fd: int) -> None:
                 f"--out") from None
 
 
+def check_free(path: str) -> None:
+  """InUse when another process holds the lock of the run directory `path`; reads only."""
+  try:
+    fd = os.open(os.path.join(path, LOCK), os.O_RDONLY)
+  except OSError:  # no lock file (or no directory): nothing holds it
+    return
+  _hold(path, fd)
+  os.close(fd)
+
+
 def lock(path: str) -> int:
   """Locks the run directory `path` (which exists) for this process: flock on DIR/.lock,
   into which it writes its process id. The lock lasts until the returned descriptor is
@@ -94,10 +104,8 @@ def complete(path: str) -> list[str] | None:
       files = json.load(f)["files"]
   except (OSError, ValueError, KeyError, TypeError):
     return None
-  if distributed.is_writer() and os.path.exists(os.path.join(path, LOCK)):
-    fd = os.open(os.path.join(path, LOCK), os.O_RDONLY)
-    _hold(path, fd)
-    os.close(fd)
+  if distributed.is_writer():
+    check_free(path)
   return files if all(os.path.isfile(os.path.join(path, name)) for name in files) else None
 
 
@@ -127,6 +135,8 @@ class RunDir:
     if os.path.exists(path) and not os.path.isdir(path):
       raise OutputError(f"--out {path} is a file, not a directory: give a directory (a new "
                         f"one is created)")
+    if distributed.is_writer():
+      check_free(path)  # before the other checks: it says why the directory is refused
     if not overwrite:
       self._check_previous(config)
     distributed.barrier("fedjax-rep: run directory checked")  # before process 0 writes
