@@ -135,31 +135,41 @@ class RunDir:
     if os.path.exists(path) and not os.path.isdir(path):
       raise OutputError(f"--out {path} is a file, not a directory: give a directory (a new "
                         f"one is created)")
-    if distributed.is_writer():
-      check_free(path)  # before the other checks: it says why the directory is refused
-    if not overwrite:
-      self._check_previous(config)
-    distributed.barrier("fedjax-rep: run directory checked")  # before process 0 writes
     self._lock = None
+    self._every_process(self._check, config, overwrite)  # before process 0 writes
     try:
-      refused = None
-      if distributed.is_writer():
-        try:
-          self._open(overwrite)
-        except OutputError as error:
-          refused = error
-      if distributed.any_process(refused is not None):  # every process of a job stops
-        raise refused or OutputError(f"--out {path} was refused by process 0 of the job "
-                                     f"(its line says why)")
+      self._every_process(self._open, overwrite)
       self.write_json("config.json", config)
       distributed.barrier("fedjax-rep: run directory ready")
     except BaseException:
       self.close()
       raise
 
+  def _every_process(self, check, *args) -> None:
+    """check(*args), then on every process of a job the OutputError it raised on any."""
+    refused = None
+    try:
+      check(*args)
+    except OutputError as error:
+      refused = error
+    if distributed.any_process(refused is not None):
+      raise refused or OutputError(f"--out {self.path} was refused by another process of the "
+                                   f"job (its line says why)")
+
+  def _check(self, config: dict, overwrite: bool) -> None:
+    """Refuses a directory that another process holds (InUse: checked by process 0, first,
+    as it says why the directory is refused), then, unless `overwrite`, another run in it
+    (`_check_previous`)."""
+    if distributed.is_writer():
+      check_free(self.path)
+    if not overwrite:
+      self._check_previous(config)
+
   def _open(self, overwrite: bool) -> None:
-    """Creates the directory and its parts/ and locks it; with `overwrite`, deletes its
-    earlier parts (and its mark of a finished run) first."""
+    """In process 0: creates the directory and its parts/ and locks it; with `overwrite`,
+    deletes its earlier parts (and its mark of a finished run) first."""
+    if not distributed.is_writer():
+      return
     try:
       os.makedirs(self.path, exist_ok=True)
     except OSError as error:
