@@ -78,8 +78,9 @@ def stop_after_round(out, rounds, monkeypatch, capfd) -> None:
 def test_a_directory_in_use_is_refused_naming_its_holder_until_a_sigkill_frees_it(
     tmp_path, capfd, reference):
   """A run in another process holds --out: a second run there (of the same configuration or
-  another), --resume, --overwrite and run_to_dir are refused (exit 2, one line naming the holder's process id) and write
-  nothing; once the holder is killed (SIGKILL) the directory is free."""
+  another), --resume, --from-config, --overwrite and run_to_dir are refused (exit 2, one
+  line naming the holder's process id) and write nothing; once the holder is killed
+  (SIGKILL) the directory is free."""
   out = str(tmp_path / "run")
   held = [*SMALL, "--set", "rounds=1000000", "--checkpoint-every", "100"]
   holder = run_cli([*held, "--out", out])
@@ -87,7 +88,9 @@ def test_a_directory_in_use_is_refused_naming_its_holder_until_a_sigkill_frees_i
     wait_for_checkpoint(out, holder)
     before = {path: saved for path, saved in snapshot(out).items() if "/parts/" not in path}
     for command in (["run", "--resume", out], ["run", *held, "--out", out],
-                    ["run", *ARGS, "--out", out], ["run", *ARGS, "--out", out, "--overwrite"]):
+                    ["run", "--from-config", os.path.join(out, "config.json"), "--out", out],
+                    ["run", *ARGS, "--out", out],
+                    ["run", *ARGS, "--out", out, "--overwrite"]):
       assert cli.main([*command, "--no-progress"]) == 2, command
       error = one_line(capfd.readouterr().err)
       assert error == (f"fedjax-rep: error: --out {out} is in use by process {holder.pid} (a "

@@ -8,8 +8,9 @@ reached). Outside a scope runs save nothing. Saves are synchronous, so a state i
 before the next chunk reuses its buffers; orbax writes each step to a temporary directory
 and renames it when complete, so a process killed mid-save, or one that cannot write (a
 full disk: `files.WriteError`), leaves the last step intact; the next run deletes the
-temporary directory (`Slot.manager`). A step that cannot be read (truncated, corrupted) is reported in one
-line and deleted, and its run goes on from the step before it or from its start.
+temporary directory (`Slot.manager`). A step that cannot be read (truncated, corrupted) is
+reported in one line and deleted, and its run goes on from the step before it or from its
+start.
 """
 
 import contextlib
