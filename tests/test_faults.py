@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
@@ -195,6 +196,36 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_the_one_before(
   assert metrics_text(out) == reference
   assert capfd.readouterr().err == ""
   assert os.listdir(os.path.join(out, "parts")) == ["n10-20.npz"]
+
+
+REFUSED_SAVE = """
+import resource, signal, sys
+import numpy as np
+from fedjax_rep.core import checkpoint, files
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
+slot = checkpoint.Slot(sys.argv[1], None, None)
+slot.save(1, {"a": np.arange(4.0)}, {"loss": np.arange(1.0)}, {"eval_rounds": []})
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+try:
+  slot.save(2, {"a": np.random.default_rng(0).random(1 << 20)}, {"loss": np.arange(2.0)},
+            {"eval_rounds": []})
+except files.WriteError as error:
+  print(error)
+"""
+
+
+def test_a_checkpoint_write_that_the_system_refuses_keeps_the_one_before(tmp_path):
+  """A real write failure inside orbax's array writer (tensorstore), as a full disk gives:
+  a file size limit (EFBIG) in a child process. WriteError names the step; the step before
+  is restored, and the half-written one deleted."""
+  directory = str(tmp_path / "run0")
+  done = subprocess.run([sys.executable, "-c", REFUSED_SAVE, directory], capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout == f"cannot write {directory}/2 (File too large)\n"
+  step, carry, _, _ = checkpoint.Slot(directory, None, None).restore({"a": np.zeros(4)})
+  assert step == 1 and carry["a"].tolist() == [0, 1, 2, 3]
+  assert os.listdir(directory) == ["1"]
 
 
 def damage(path: str, how: str) -> None:

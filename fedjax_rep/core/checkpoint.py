@@ -18,6 +18,7 @@ import contextvars
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import signal
 import time
@@ -205,6 +206,13 @@ class Slot:
             carry=ocp.args.StandardSave(carry), history=ocp.args.StandardSave(history),
             meta=ocp.args.JsonSave(meta)), force=True)
         self.manager().wait_until_finished()
-    except OSError as error:
-      raise files.WriteError(os.path.join(self.directory, str(round)), error) from error
+    except (OSError, ValueError) as error:
+      code = re.search(r"os_error_code='?(\d+)", str(error))
+      if code is not None:  # tensorstore (the arrays) reports the OS's error so
+        cause = OSError(int(code[1]), os.strerror(int(code[1])))
+      elif isinstance(error, OSError):  # orbax's own writes (metadata, JSON)
+        cause = error
+      else:
+        raise
+      raise files.WriteError(os.path.join(self.directory, str(round)), cause) from error
     self._last_save = time.monotonic()
