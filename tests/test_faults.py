@@ -140,6 +140,10 @@ def test_resume_of_a_complete_run_says_so_and_writes_nothing(tmp_path, capfd, re
       f"nothing to resume, nothing written; to run it again: fedjax-rep run --from-config "
       f"{out}/config.json --out NEW")
   assert snapshot(out) == before
+  fd = outputs.lock(out)  # held (here by this process): refused, as any directory in use
+  assert cli.main(["run", "--resume", out]) == 2
+  assert f"--out {out} is in use by process {os.getpid()} " in one_line(capfd.readouterr().err)
+  os.close(fd)
   os.unlink(os.path.join(out, "metrics.csv"))  # not complete: --resume writes it again
   assert cli.main(["run", "--resume", out, "--no-progress"]) == 0
   assert metrics_text(out) == reference

@@ -15,6 +15,7 @@ import numpy as np
 from fedjax_rep.core import checkpoint
 from fedjax_rep.core import distributed
 from fedjax_rep.core import tree
+from fedjax_rep.core.files import WriteError
 from fedjax_rep.core.files import atomic_write
 
 
@@ -87,11 +88,18 @@ def lock(path: str) -> int:
   """Locks the run directory `path` (which exists) for this process: flock on DIR/.lock,
   into which it writes its process id. The lock lasts until the returned descriptor is
   closed or the process ends, however it ends (a SIGKILL leaves nothing to clean up).
-  InUse when another process holds it."""
-  fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT, 0o666)
+  InUse when another process holds it; WriteError when it cannot be written."""
+  try:
+    fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT, 0o666)
+  except OSError as error:
+    raise WriteError(os.path.join(path, LOCK), error) from error
   _hold(path, fd)
-  os.ftruncate(fd, 0)
-  os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+  try:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+  except OSError as error:
+    os.close(fd)
+    raise WriteError(os.path.join(path, LOCK), error) from error
   return fd
 
 
@@ -180,12 +188,15 @@ class RunDir:
                         f"to")
     self._lock = lock(self.path)
     parts = os.path.join(self.path, "parts")
-    if overwrite:
-      if os.path.exists(os.path.join(self.path, COMPLETE)):
-        os.unlink(os.path.join(self.path, COMPLETE))
-      if os.path.isdir(parts):
-        shutil.rmtree(parts)
-    os.makedirs(parts, exist_ok=True)
+    try:
+      if overwrite:
+        if os.path.exists(os.path.join(self.path, COMPLETE)):
+          os.unlink(os.path.join(self.path, COMPLETE))
+        if os.path.isdir(parts):
+          shutil.rmtree(parts)
+      os.makedirs(parts, exist_ok=True)
+    except OSError as error:
+      raise WriteError(parts, error) from error
 
   def close(self) -> None:
     """Releases the directory's lock (when this process holds it)."""
