@@ -7,6 +7,7 @@ nothing: the resumed run's metrics.csv is byte-identical to an uninterrupted run
 import errno
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -258,9 +259,28 @@ def test_a_damaged_checkpoint_is_named_and_the_unit_runs_again(
   steps = restored_steps(monkeypatch)
   assert cli.main(["run", "--resume", out, "--no-progress"]) == 0
   assert steps == [(None, [])]  # the damaged one deleted: the unit ran from its start
-  assert one_line(capfd.readouterr().err).startswith(
-      f"fedjax-rep: checkpoint {step} cannot be read (")
+  line = one_line(capfd.readouterr().err)
+  assert line.startswith(f"fedjax-rep: checkpoint {step} cannot be read (")
+  assert line.endswith("): deleted; going on from the start of its run")
   assert metrics_text(out) == reference
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path, capfd):
+  """Where an earlier step is left (a run keeps its latest only: here a copy put back),
+  a damaged latest step is named, deleted, and the one before restored."""
+  directory = str(tmp_path / "run0")
+  slot = checkpoint.Slot(directory, None, None)
+  slot.save(1, {"a": np.arange(4.0)}, {"loss": np.arange(1.0)}, {"eval_rounds": []})
+  shutil.copytree(os.path.join(directory, "1"), str(tmp_path / "copy"))
+  slot.save(2, {"a": np.arange(4.0) + 1}, {"loss": np.arange(2.0)}, {"eval_rounds": []})
+  shutil.copytree(str(tmp_path / "copy"), os.path.join(directory, "1"))
+  damage(os.path.join(directory, "2"), "truncated")
+  step, carry, history, _ = checkpoint.Slot(directory, None, None).restore({"a": np.zeros(4)})
+  assert step == 1 and carry["a"].tolist() == [0, 1, 2, 3] and len(history["loss"]) == 1
+  line = one_line(capfd.readouterr().err)
+  assert line.startswith(f"fedjax-rep: checkpoint {directory}/2 cannot be read (")
+  assert line.endswith("): deleted; going on from round 1")
+  assert os.listdir(directory) == ["1"]
 
 
 def test_a_damaged_unit_is_named_and_computed_again(tmp_path, capfd, reference):
