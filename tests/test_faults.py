@@ -95,9 +95,9 @@ def test_a_directory_in_use_is_refused_naming_its_holder_until_a_sigkill_frees_i
                     ["run", *ARGS, "--out", out, "--overwrite"]):
       assert cli.main([*command, "--no-progress"]) == 2, command
       error = one_line(capfd.readouterr().err)
-      assert error == (f"fedjax-rep: error: --out {out} is in use by process {holder.pid} (a "
-                       f"fedjax-rep run holds {out}/.lock); wait for it to end, or choose "
-                       f"another --out"), command
+      assert error == (f"fedjax-rep: error: run directory {out} is in use by process "
+                       f"{holder.pid} (a fedjax-rep run holds {out}/.lock); wait for it to "
+                       f"end, or choose another --out"), command
     with pytest.raises(outputs.InUse, match=f"in use by process {holder.pid} "):
       registry.run_to_dir("fedrep-fig3", quick=True, out=out, overwrite=True, progress=False)
     assert holder.poll() is None, "the holder ended before the refusals were tested"
@@ -143,7 +143,7 @@ def test_resume_of_a_complete_run_says_so_and_writes_nothing(tmp_path, capfd, re
   assert snapshot(out) == before
   fd = outputs.lock(out)  # held (here by this process): refused, as any directory in use
   assert cli.main(["run", "--resume", out]) == 2
-  assert f"--out {out} is in use by process {os.getpid()} " in one_line(capfd.readouterr().err)
+  assert f"{out} is in use by process {os.getpid()} " in one_line(capfd.readouterr().err)
   os.close(fd)
   os.unlink(os.path.join(out, "metrics.csv"))  # not complete: --resume writes it again
   assert cli.main(["run", "--resume", out, "--no-progress"]) == 0

@@ -206,9 +206,10 @@ def test_a_job_on_a_directory_in_use_stops_on_every_process(tmp_path):
       if codes != [2, 2] and NO_GLOO.search(job.log(0)):
         pytest.skip("gloo CPU collectives cannot run here")
       assert codes == [2, 2], job.log(0) + job.log(1)
-      assert job.log(0).strip().endswith(f"fedjax-rep: error: --out out is in use by process "
-                                         f"{os.getpid()} (a fedjax-rep run holds out/.lock); "
-                                         f"wait for it to end, or choose another --out")
+      assert job.log(0).strip().endswith(f"fedjax-rep: error: run directory out is in use by "
+                                         f"process {os.getpid()} (a fedjax-rep run holds "
+                                         f"out/.lock); wait for it to end, or choose another "
+                                         f"--out")
       assert job.log(1).strip().endswith("fedjax-rep: error: --out out was refused by another "
                                          "process of the job (its line says why)")
   finally:

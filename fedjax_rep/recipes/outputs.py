@@ -69,9 +69,9 @@ def _hold(path: str, fd: int) -> None:
   except BlockingIOError:
     holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
     os.close(fd)
-    raise InUse(f"--out {path} is in use by process {holder or '(starting)'} (a fedjax-rep run "
-                f"holds {os.path.join(path, LOCK)}); wait for it to end, or choose another "
-                f"--out") from None
+    raise InUse(f"run directory {path} is in use by process {holder or '(starting)'} (a "
+                f"fedjax-rep run holds {os.path.join(path, LOCK)}); wait for it to end, or "
+                f"choose another --out") from None
 
 
 def check_free(path: str) -> None:
