@@ -1,8 +1,9 @@
 """One writer per run directory, and faults survived: a second run or --resume on a
 directory in use is refused naming the holder (whose SIGKILL frees it); --resume of a
 complete run writes nothing; a full disk (ENOSPC) while writing metrics.csv or a
-checkpoint, a damaged checkpoint or unit, and a SIGKILL in the middle of a save each lose
-nothing: the resumed run's metrics.csv is byte-identical to an uninterrupted run's."""
+checkpoint, a checkpoint write that the system refuses, a damaged checkpoint or unit, and a
+SIGKILL in the middle of a save each lose nothing: the resumed run's metrics.csv is
+byte-identical to an uninterrupted run's."""
 
 import errno
 import glob
