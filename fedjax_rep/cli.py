@@ -9,8 +9,10 @@ import signal
 import sys
 
 from fedjax_rep.core import checkpoint
+from fedjax_rep.core import files
 
 DEFAULT_RECIPE = "fedrep-fig3"
+WRITE_FAILED = 74  # exit status when a file or checkpoint cannot be written (EX_IOERR)
 
 
 def _section(title: str, summaries: dict[str, str]) -> None:
@@ -68,10 +70,12 @@ def _parser() -> argparse.ArgumentParser:
                    "an existing one with the same configuration and grid is resumed")
   run.add_argument("--overwrite", action="store_true",
                    help="write into an --out that is not empty and not this run (its earlier "
-                   "parts are deleted and the run starts over)")
+                   "parts are deleted and the run starts over); a directory that another "
+                   "run holds is refused all the same")
   run.add_argument("--resume", metavar="DIR",
                    help="continue the run in DIR (recipe, seeds, configuration and grid read "
-                   "from DIR/config.json) from its last checkpoint")
+                   "from DIR/config.json) from its last checkpoint; a complete run is left "
+                   "as it is")
   run.add_argument("--from-config", metavar="PATH",
                    help="run again the run that wrote PATH (a config.json), into --out")
   run.add_argument("--checkpoint-every", type=int, metavar="ROUNDS",
@@ -147,6 +151,14 @@ def main(argv=None) -> int:
       raise distributed.JobError("a job of several processes needs --out DIR (one directory "
                                  "every process sees) or --resume DIR")
     recipe, what = _what_to_run(args)
+    finished = args.resume and outputs.complete(args.resume)
+    if finished:
+      if distributed.is_writer():  # process 0 of a job reports it
+        print(f"fedjax-rep: {args.resume} holds a complete run ({', '.join(finished)}): "
+              f"nothing to resume, nothing written; to run it again: fedjax-rep run "
+              f"--from-config {shlex.quote(os.path.join(args.resume, 'config.json'))} "
+              f"--out NEW")
+      return 0
     if args.no_compile_cache:
       compile_cache.disable()
     else:
@@ -162,6 +174,12 @@ def main(argv=None) -> int:
           distributed.JobError) as error:
     print(f"fedjax-rep: error: {error}", file=sys.stderr)
     return 2
+  except files.WriteError as error:
+    out = shlex.quote(what.get("out", "DIR"))
+    print(f"fedjax-rep: error: {error}; what ran before is saved in {out}: once it can be "
+          f"written (e.g. with free space), resume with `fedjax-rep run --resume {out}`",
+          file=sys.stderr)
+    return WRITE_FAILED
   except jax.errors.JaxRuntimeError as error:
     if not distributed.in_job():
       raise

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from fedjax_rep import cli
+from fedjax_rep.recipes import outputs
 from conftest import Job, emulated_devices_env
 
 pytestmark = pytest.mark.slow  # real processes: each job compiles its own programs
@@ -188,3 +189,29 @@ def test_a_job_that_loses_a_process_stops_and_resumes(fig3_one_device, tmp_path)
   with Job(resume, 2, 2, str(tmp_path), name="resume") as job:
     assert job.wait(JOB_TIMEOUT) == [0, 0], job.log(0) + job.log(1)
   assert_same_csv(tmp_path / "out" / "metrics.csv", fig3_one_device)
+  with Job(resume, 2, 2, str(tmp_path), name="complete") as job:  # nothing left to resume
+    assert job.wait(JOB_TIMEOUT) == [0, 0], job.log(0) + job.log(1)
+    assert job.log(0).startswith("fedjax-rep: out holds a complete run") and not job.log(1)
+
+
+def test_a_job_on_a_directory_in_use_stops_on_every_process(tmp_path):
+  """Process 0 takes the lock of --out: held by another process (this one), every process
+  of the job exits 2, process 0 naming the holder."""
+  os.makedirs(tmp_path / "out")
+  fd = outputs.lock(str(tmp_path / "out"))
+  try:
+    with Job([sys.executable, "-m", "fedjax_rep", *FIG3, "--out", "out"], 2, 1,
+             str(tmp_path)) as job:
+      codes = job.wait(JOB_TIMEOUT)
+      if codes != [2, 2] and NO_GLOO.search(job.log(0)):
+        pytest.skip("gloo CPU collectives cannot run here")
+      assert codes == [2, 2], job.log(0) + job.log(1)
+      assert job.log(0).strip().endswith(f"fedjax-rep: error: run directory out is in use by "
+                                         f"process {os.getpid()} (a fedjax-rep run holds "
+                                         f"out/.lock); wait for it to end, or choose another "
+                                         f"--out")
+      assert job.log(1).strip().endswith("fedjax-rep: error: --out out was refused by another "
+                                         "process of the job (its line says why)")
+  finally:
+    os.close(fd)
+  assert os.listdir(tmp_path / "out") == [".lock"]

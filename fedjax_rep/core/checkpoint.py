@@ -6,17 +6,26 @@ A `scope` (one per unit of work of a recipe, `recipes.outputs.RunDir.unit`) give
 `loop.run` call inside it, in order, its own `Slot`: a directory of orbax steps (the round
 reached). Outside a scope runs save nothing. Saves are synchronous, so a state is on disk
 before the next chunk reuses its buffers; orbax writes each step to a temporary directory
-and renames it when complete, so a process killed mid-save leaves the last step intact.
+and renames it when complete, so a process killed mid-save, or one that cannot write (a
+full disk: `files.WriteError`), leaves the last step intact; the next run deletes the
+temporary directory (`Slot.manager`). A step that cannot be read (truncated, corrupted) is
+reported in one line and deleted, and its run goes on from the step before it or from its
+start.
 """
 
 import contextlib
 import contextvars
 import dataclasses
+import logging
 import os
+import re
+import shutil
 import signal
 import time
 
 import numpy as np
+
+from fedjax_rep.core import files
 
 DEFAULT_SECONDS = 60.0  # a long unit saves at least this often (at its chunk boundaries)
 ELSEWHERE = "a signal to another process of the job"  # `Interrupted.signal_name` there
@@ -111,6 +120,24 @@ def stop_on_signals():
     _STOP["signal"] = None
 
 
+def _silent(record: logging.LogRecord) -> bool:
+  """A filter that drops every record."""
+  del record
+  return False
+
+
+@contextlib.contextmanager
+def _orbax_quiet():
+  """Within it, orbax's logger ('absl') drops every record: what fails in a save or a
+  restore is raised and reported in one line, not logged with a traceback beside it."""
+  absl = logging.getLogger("absl")
+  absl.addFilter(_silent)
+  try:
+    yield
+  finally:
+    absl.removeFilter(_silent)
+
+
 class Slot:
   """The checkpoints of one `loop.run` call: orbax steps numbered by the round reached, the
   latest kept. Each holds `carry` (a pytree of arrays: state and flags), `history` (a dict
@@ -122,27 +149,46 @@ class Slot:
     self._manager = None
 
   def manager(self):
+    """The orbax manager of the directory, once the temporary directories of saves cut
+    short (by a kill, a full disk) are deleted (by process 0 of a job)."""
     if self._manager is None:
       import orbax.checkpoint as ocp  # here: most runs never save, and orbax is slow to import
+
+      from fedjax_rep.core import distributed  # here: the command line imports jax late
+      if os.path.isdir(self.directory) and distributed.is_writer():
+        for partial in ocp.utils.tmp_checkpoints(self.directory):
+          shutil.rmtree(partial.get())
       self._manager = ocp.CheckpointManager(
           os.path.abspath(self.directory),
           options=ocp.CheckpointManagerOptions(max_to_keep=1, enable_async_checkpointing=False))
     return self._manager
 
   def restore(self, carry_like):
-    """(round, carry, history, meta) of the latest checkpoint, the carry laid out like
-    `carry_like` (same shapes, dtypes and shardings); None when there is none."""
+    """(round, carry, history, meta) of the latest checkpoint that can be read, the carry
+    laid out like `carry_like` (same shapes, dtypes and shardings); None when there is
+    none. One that cannot be read is reported (one line) and deleted."""
     if not os.path.isdir(self.directory):
       return None
     import orbax.checkpoint as ocp
-    step = self.manager().latest_step()
-    if step is None:
-      return None
-    saved = self.manager().restore(step, args=ocp.args.Composite(
-        carry=ocp.args.StandardRestore(carry_like), history=ocp.args.StandardRestore(),
-        meta=ocp.args.JsonRestore()))
-    self._last_save = time.monotonic()
-    return step, saved.carry, {k: np.asarray(v) for k, v in saved.history.items()}, saved.meta
+
+    from fedjax_rep.core import distributed  # here: the command line imports jax late
+    steps = sorted(self.manager().all_steps(), reverse=True)
+    for i, step in enumerate(steps):
+      try:
+        with _orbax_quiet():
+          saved = self.manager().restore(step, args=ocp.args.Composite(
+              carry=ocp.args.StandardRestore(carry_like), history=ocp.args.StandardRestore(),
+              meta=ocp.args.JsonRestore()))
+      except Exception as error:  # whatever orbax or tensorstore report of a damaged step
+        why = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        then = f"round {steps[i + 1]}" if i + 1 < len(steps) else "the start of its run"
+        distributed.warn(f"checkpoint {os.path.join(self.directory, str(step))} cannot be "
+                         f"read ({why}): deleted; going on from {then}")
+        self.manager().delete(step)
+        continue
+      self._last_save = time.monotonic()
+      return step, saved.carry, {k: np.asarray(v) for k, v in saved.history.items()}, saved.meta
+    return None
 
   def due(self, round: int) -> bool:
     """Whether a chunk that ended at `round` should save."""
@@ -151,9 +197,22 @@ class Slot:
         and time.monotonic() - self._last_save >= self.every_seconds))
 
   def save(self, round: int, carry, history: dict, meta: dict) -> None:
+    """Saves the step `round`, then deletes the one before; WriteError (the step before
+    left intact) when it cannot be written."""
     import orbax.checkpoint as ocp
-    self.manager().save(round, args=ocp.args.Composite(
-        carry=ocp.args.StandardSave(carry), history=ocp.args.StandardSave(history),
-        meta=ocp.args.JsonSave(meta)), force=True)
-    self.manager().wait_until_finished()
+    try:
+      with _orbax_quiet():
+        self.manager().save(round, args=ocp.args.Composite(
+            carry=ocp.args.StandardSave(carry), history=ocp.args.StandardSave(history),
+            meta=ocp.args.JsonSave(meta)), force=True)
+        self.manager().wait_until_finished()
+    except (OSError, ValueError) as error:
+      code = re.search(r"os_error_code='?(\d+)", str(error))
+      if code is not None:  # tensorstore (the arrays) reports the OS's error so
+        cause = OSError(int(code[1]), os.strerror(int(code[1])))
+      elif isinstance(error, OSError):  # orbax's own writes (metadata, JSON)
+        cause = error
+      else:
+        raise
+      raise files.WriteError(os.path.join(self.directory, str(round)), cause) from error
     self._last_save = time.monotonic()

@@ -9,6 +9,7 @@ stops answering for `HEARTBEAT_SECONDS` makes the coordination service end the o
 
 import os
 import socket
+import sys
 
 import jax
 import numpy as np
@@ -84,6 +85,12 @@ def in_job() -> bool:
 def is_writer() -> bool:
   """Whether this process writes a run's files: process 0 of a job, or the only process."""
   return jax.process_index() == 0
+
+
+def warn(message: str) -> None:
+  """One line `fedjax-rep: MESSAGE` on stderr, from process 0 of a job (the writer)."""
+  if is_writer():
+    print(f"fedjax-rep: {message}", file=sys.stderr, flush=True)
 
 
 def barrier(name: str) -> None:

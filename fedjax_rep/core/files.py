@@ -10,20 +10,36 @@ PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REVISION_FILE = os.path.join(PACKAGE, "REVISION")  # written by the build (setup.py)
 
 
+class WriteError(OSError):
+  """A file or checkpoint of a run could not be written (e.g. the disk is full); the text
+  names it and says why."""
+
+  def __init__(self, path: str, error: OSError):
+    super().__init__(error.errno, error.strerror or str(error), path)
+
+  def __str__(self) -> str:
+    return f"cannot write {self.filename} ({self.strerror})"
+
+
 def atomic_write(path: str, write) -> None:
-  """Calls write(file) on a temporary file beside `path`, then renames it onto `path`. The
-  file is created with mode 0666 less the user's umask, like any file a program writes."""
+  """Calls write(file) on a temporary file beside `path`, then renames it onto `path`: the
+  file is there whole or not at all (what was there before stays as it was). The file is
+  created with mode 0666 less the user's umask, like any file a program writes. WriteError
+  when it cannot be written."""
   directory = os.path.dirname(os.path.abspath(path))
   tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
-  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
   try:
-    with os.fdopen(fd, "wb") as f:
-      write(f)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+      with os.fdopen(fd, "wb") as f:
+        write(f)
+      os.replace(tmp, path)
+    except BaseException:
+      if os.path.exists(tmp):
+        os.unlink(tmp)
+      raise
+  except OSError as error:
+    raise WriteError(path, error) from error
 
 
 def source_fingerprint() -> str:

@@ -203,7 +203,8 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   `checkpoint_rounds` rounds or `checkpoint_seconds` seconds, so running again with the
   same `out`, configuration and grid (e.g. `replay(out/config.json)`) resumes instead of
   starting over. `out` must be new, empty or such a run (`outputs.RunDir`; `overwrite`
-  starts it over). Returns the output directory.
+  starts it over), and no other process may be writing it (`outputs.InUse`: this process
+  holds its lock until it returns). Returns the output directory.
   """
   recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
   try:
@@ -211,7 +212,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   except ValueError as error:
     raise cfg.ConfigError(str(error)) from None
   out = default_out(name) if out is None else out
-  run_dir = outputs.RunDir(
+  with outputs.RunDir(
       out, {"recipe": name, "quick": quick, "seeds": seeds,
             "config": dataclasses.asdict(config), "grid": grid,
             "code": {"revision": files.revision(), "source": files.source_fingerprint(),
@@ -220,14 +221,18 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
             "job": job_record(config),
             **conventions_record(config, grid),
             "versions": outputs.versions()},
-      overwrite=overwrite, every_rounds=checkpoint_rounds, every_seconds=checkpoint_seconds)
-  rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
-  swept = (*grid, "grid") if grid else ()
-  run_dir.write_csv("metrics.csv", rows, first=("algorithm", "seed", "round", *swept))
-  if recipe.summarize is not None:
-    run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, grid),
-                      first=("algorithm", *swept))
-  run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, grid), f))
+      overwrite=overwrite, every_rounds=checkpoint_rounds,
+      every_seconds=checkpoint_seconds) as run_dir:
+    rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
+    swept = (*grid, "grid") if grid else ()
+    run_dir.write_csv("metrics.csv", rows, first=("algorithm", "seed", "round", *swept))
+    written = ["config.json", "metrics.csv"]
+    if recipe.summarize is not None:
+      run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, grid),
+                        first=("algorithm", *swept))
+      written.append(recipe.summary_file)
+    run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, grid), f))
+    run_dir.finish([*written, f"{name}.png"])
   return out
 
 
