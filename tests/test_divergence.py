@@ -61,6 +61,34 @@ def test_the_bound_flags_a_blow_up_not_a_swing_and_changes_without_a_recompile(c
   np.testing.assert_array_equal(tight.metrics["diverged"][1], [0, 1, 1, 1, 1, 1, 1, 1])
 
 
+@dataclasses.dataclass(frozen=True)
+class EvaluatedSwing(Swing):
+  """Swing with an evaluation that reports the state's x as test_accuracy."""
+  name: str = "evaluated-swing"
+
+  def evaluate(self, state, data, hparams):
+    del data, hparams
+    return {"test_accuracy": state[0]}
+
+
+def test_a_diverged_run_is_evaluated_as_nan_from_its_diverged_round_on():
+  """Run 0 diverges at round 5 and keeps its state of round 4 (x = 1e4): its evaluations
+  after rounds 6 and 8 are NaN, not that kept state's; run 1 never diverges and is
+  evaluated as before. Evaluations of a sweep where no run diverged are left as they are."""
+  result = fr.run(EvaluatedSwing(), None, RATES, jax.random.key(0), 8, sweep_axes=SWEEP,
+                  chunk=2, eval_every=2, progress=False)
+  np.testing.assert_array_equal(result.eval_rounds, [2, 4, 6, 8])
+  accuracy = result.eval_metrics["test_accuracy"]
+  np.testing.assert_allclose(accuracy[0, :2], [100, 1e4])
+  assert np.isnan(accuracy[0, 2:]).all() and float(result.state[0][0]) == 1e4
+  np.testing.assert_allclose(accuracy[1], [1, 1, 1, 1], rtol=1e-5)
+  assert accuracy.dtype == np.float32
+  unbounded = fr.run(EvaluatedSwing(), None, RATES, jax.random.key(0), 8, sweep_axes=SWEEP,
+                     chunk=2, eval_every=2, progress=False, blowup=None)
+  np.testing.assert_allclose(unbounded.eval_metrics["test_accuracy"][0], [100, 1e4, 1e6, 1e8],
+                             rtol=1e-5)
+
+
 def test_a_bad_factor_stops_the_run_before_it_compiles(compiles):
   jax.random.key(0)  # the run's key: making it compiles in a fresh process
   compiles.reset()
