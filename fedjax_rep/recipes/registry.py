@@ -12,9 +12,11 @@ import datetime
 import importlib
 import json
 import os
+import sys
 from typing import Callable
 
 from fedjax_rep.core import checkpoint
+from fedjax_rep.core import distributed
 from fedjax_rep.core import files
 from fedjax_rep.core import threefry
 from fedjax_rep.recipes import config as cfg
@@ -203,7 +205,8 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   `checkpoint_rounds` rounds or `checkpoint_seconds` seconds, so running again with the
   same `out`, configuration and grid (e.g. `replay(out/config.json)`) resumes instead of
   starting over. `out` must be new, empty or such a run (`outputs.RunDir`; `overwrite`
-  starts it over). Returns the output directory.
+  starts it over). Prints one line on stderr per diverged run (`diverged_lines`) at the
+  end. Returns the output directory.
   """
   recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
   try:
@@ -228,7 +231,31 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
     run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, grid),
                       first=("algorithm", *swept))
   run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, grid), f))
+  if distributed.is_writer():
+    for line in diverged_lines(rows):
+      print(line, file=sys.stderr)
   return out
+
+
+def diverged_lines(rows: list[dict]) -> list[str]:
+  """One line per diverged run of `rows` (metrics.csv rows), in their order: its algorithm,
+  seed, setting (the columns `shared.round_rows` puts between `round` and
+  `diverged_round` that the `grid` label does not name, then that label) and the round at which it diverged, e.g.
+  'fedjax-rep: fedrep seed 0 (grid lr=1e6) diverged at round 1; its metrics are NaN from
+  then on'."""
+  lines = []
+  for row in rows:
+    if not row.get("diverged_round") or row.get("round") != row["diverged_round"]:
+      continue  # one row per diverged run: that of its diverged round
+    columns, grid = list(row), row.get("grid")
+    in_grid = {part.split("=")[0] for part in grid.split(", ")} if grid else set()
+    setting = [f"{key}={row[key]}" for key in
+               columns[columns.index("round") + 1:columns.index("diverged_round")]
+               if key not in in_grid] + ([f"grid {grid}"] if grid else [])
+    lines.append(f"fedjax-rep: {row['algorithm']} seed {row['seed']}"
+                 + (f" ({', '.join(setting)})" if setting else "")
+                 + f" diverged at round {row['round']}; its metrics are NaN from then on")
+  return lines
 
 
 def kernel_record(config) -> dict:
