@@ -37,6 +37,9 @@ class Recipe:
   with the values of its dict.
   plot(rows, config, path) draws the paper-style figure into `path` (PNG).
   summarize(rows, config) -> rows of a summary table (written to `summary_file`), or None.
+  mock_data(config) -> what mock data a configuration trains on instead of the recipe's
+  dataset (e.g. "random examples in the format of CIFAR-10"), None where it trains on the real
+  data; said on stderr before the run (`mock_lines`).
   """
   name: str
   summary: str
@@ -48,6 +51,7 @@ class Recipe:
   summarize: Callable | None = None
   summary_file: str = "summary.csv"
   traced: tuple[str, ...] = ()
+  mock_data: Callable | None = None
 
 
 RECIPES: dict[str, Recipe] = {}  # the recipes registered so far (see `all_recipes`)
@@ -138,7 +142,11 @@ def _sweep(recipe, config, seeds, grid, unit, progress) -> list[dict]:
   """The rows of every combination of `grid`: one call of recipe.run per combination of the
   shape-changing keys (with grid=[traced combinations] where the recipe traces swept keys),
   each caching its units under the prefix 'KEY=VALUE,...--'; every row gets the swept keys
-  and the `grid` label of its combination as columns. Without a grid: recipe.run's rows."""
+  and the `grid` label of its combination as columns. Without a grid: recipe.run's rows.
+  First says on stderr which combinations train on mock data (`mock_lines`)."""
+  if distributed.is_writer():
+    for line in mock_lines(recipe, config, grid):
+      print(line, file=sys.stderr)
   if not grid:
     return recipe.run(config, seeds, unit=unit, progress=progress)
   traced = {key: values for key, values in grid.items() if key in recipe.traced}
@@ -158,6 +166,21 @@ def _sweep(recipe, config, seeds, grid, unit, progress) -> list[dict]:
                            f"{', '.join(traced)} as columns with the values it was given")
       rows.append({**row, **combinations[label], "grid": label})
   return rows
+
+
+def mock_lines(recipe, config, grid) -> list[str]:
+  """One line for each different mock data (`Recipe.mock_data`) that the combinations of
+  `grid` (or `config` alone) train on, e.g. "fedjax-rep: fedrep-table1-cifar10 runs on
+  mock data (random examples in the format of CIFAR-10), not the real dataset (source=mock,
+  as --quick sets): its numbers mean nothing; `fedjax-rep data` says how to get the
+  data"."""
+  if recipe.mock_data is None:
+    return []
+  mocks = dict.fromkeys(recipe.mock_data(cfg.apply(config, combination))
+                        for combination in cfg.combinations(grid))
+  return [f"fedjax-rep: {recipe.name} runs on mock data ({mock}), not the real dataset "
+          f"(source=mock, as --quick sets): its numbers mean nothing; `fedjax-rep data` says "
+          f"how to get the data" for mock in mocks if mock is not None]
 
 
 def _figure_config(config, grid):
@@ -238,11 +261,11 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
 
 
 def diverged_lines(rows: list[dict]) -> list[str]:
-  """One line per diverged run of `rows` (metrics.csv rows), in their order: its algorithm,
-  seed, setting (the columns `shared.round_rows` puts between `round` and
-  `diverged_round` that the `grid` label does not name, then that label) and the round at which it diverged, e.g.
-  'fedjax-rep: fedrep seed 0 (grid lr=1e6) diverged at round 1; its metrics are NaN from
-  then on'."""
+  """One line per diverged run of `rows` (metrics.csv rows), in their order: its
+  algorithm, seed, setting (the columns that `shared.round_rows` puts between `round` and
+  `diverged_round`, but those that the `grid` label names, then that label) and the round
+  at which it diverged, e.g. 'fedjax-rep: fedrep seed 0 (grid lr=0.5) diverged at round 1;
+  its metrics are NaN from then on'."""
   lines = []
   for row in rows:
     if not row.get("diverged_round") or row.get("round") != row["diverged_round"]:

@@ -57,7 +57,9 @@ def round_rows(algorithm: str, seeds: list[int], metrics: dict[str, np.ndarray],
   """Rows (algorithm, seed, round, **columns, metrics) of metrics [seeds, rounds].
 
   With a `diverged` metric (0/1 per round, from the loop) every row also gets
-  `diverged_round`: the first round at which its run diverged, 0 if it never did.
+  `diverged_round`, right after `columns`: the first round at which its run diverged, 0 if
+  it never did (`registry.diverged_lines` names a run by the columns between `round` and
+  `diverged_round`).
   """
   rows = []
   num_rounds = next(iter(metrics.values())).shape[1]
