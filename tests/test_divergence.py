@@ -89,6 +89,32 @@ def test_a_diverged_run_is_evaluated_as_nan_from_its_diverged_round_on():
                              rtol=1e-5)
 
 
+def test_the_legend_counts_runs_not_panels():
+  """digits-personalized's figure draws the same 3 runs (seed 2 diverged) in two panels
+  (accuracy, loss): its legend says 1 of 3 seeds, where it said 2 of 6. Panels of different
+  runs of the same seeds (one per setting, as fedrep-fig3's num_clients) count each:
+  'runs'. A line where no run diverged is its bare label."""
+  rows = [{"algorithm": a, "seed": seed, "round": t, "n": n,
+           "diverged_round": 2 if (seed, n) == (2, 10) and a == "a" else 0,
+           "loss": np.nan if (seed, n, t) == (2, 10, 2) and a == "a" else 1.0 + seed,
+           "accuracy": 0.5} for a in "ab" for n in (10, 20) for seed in range(3)
+          for t in (1, 2)]
+
+  def legend(panels):
+    fig, axes = plotting.figure(len(panels))
+    for ax, (y, where) in zip(axes, panels):
+      for a in "ab":
+        plotting.line(ax, rows, "round", y, a.upper(), algorithm=a, **where)
+    plotting.save(fig, io.BytesIO())
+    return [t.get_text() for t in fig.legends[0].get_texts()]
+
+  assert legend([("accuracy", {"n": 10}), ("loss", {"n": 10})]) == [
+      "A (diverged at x: 1/3 seeds)", "B"]
+  assert legend([("loss", {"n": 10}), ("loss", {"n": 20})]) == [
+      "A (diverged at x: 1/6 runs)", "B"]
+  assert legend([("loss", {"n": 20})]) == ["A", "B"]
+
+
 def test_a_bad_factor_stops_the_run_before_it_compiles(compiles):
   jax.random.key(0)  # the run's key: making it compiles in a fresh process
   compiles.reset()
@@ -159,6 +185,8 @@ def test_figures_take_y_limits_from_runs_that_did_not_diverge():
   fig.suptitle("a title longer than the figure is wide " * 4)
   plotting.save(fig, io.BytesIO())
   assert axes[0].get_legend_handles_labels()[1] == ["A (diverged at x: 1/3 seeds)"]
+  # The figure's legend counts seed 2's run once, though both panels draw it.
+  assert [t.get_text() for t in fig.legends[0].get_texts()] == ["A (diverged at x: 1/3 seeds)"]
   np.testing.assert_allclose(axes[0].get_lines()[0].get_ydata(), 1 + 0.5 / np.arange(1, 9))
   low, high = axes[0].get_ylim()
   assert 0.9 < low < 1 and 2 < high < 2.2
