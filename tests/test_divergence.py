@@ -194,3 +194,52 @@ def test_figures_take_y_limits_from_runs_that_did_not_diverge():
   assert mark.get_xdata()[0] == 4 and low < mark.get_ydata()[0] < high
   assert axes[1].get_ylim()[1] >= 1e4  # no run left: the diverged curve sets the limits
   assert "\n" in fig.get_suptitle()
+
+
+def test_each_diverged_run_is_named_by_its_algorithm_seed_setting_and_round():
+  """fedrep-fig3's rows under --grid lr=0.1,1: num_clients is a setting column, lr is named
+  by the grid label; one line per diverged run (its diverged round's row), none for a run
+  that did not diverge."""
+  from fedjax_rep.recipes import registry, shared
+  diverged = np.array([[0, 1, 1], [0, 0, 0]], np.float32)  # seed 3 at round 2; seed 4 never
+  rows = [{**row, "grid": f"lr={lr}"}
+          for lr in (0.1, 1.0) for row in shared.round_rows(
+              "fedrep", [3, 4], {"principal_angle": np.ones((2, 3)), "diverged": diverged},
+              num_clients=100, lr=lr)]
+  assert registry.diverged_lines(rows) == [
+      f"fedjax-rep: fedrep seed 3 (num_clients=100, grid lr={lr}) diverged at round 2; its "
+      f"metrics are NaN from then on" for lr in (0.1, 1.0)]
+  assert registry.diverged_lines([r for r in rows if r["seed"] == 4]) == []
+
+
+@pytest.mark.slow
+def test_the_issue_command_says_each_diverged_run_on_stderr_and_records_nan(tmp_path, capsys):
+  """Issue 47: `fedjax-rep run digits-personalized --quick --set lr=1e6 --set rounds=5`
+  diverges in every run at round 1. It exits 0; stderr has one line per run (6 algorithms x
+  3 seeds) naming it and its round; every metric of metrics.csv from then on is NaN,
+  evaluations included; summary.csv averages no diverged run and counts them."""
+  import csv
+
+  from fedjax_rep import cli
+  out = tmp_path / "out"
+  assert cli.main(["run", "digits-personalized", "--quick", "--set", "lr=1e6", "--set",
+                   "rounds=5", "--no-progress", "--out", str(out)]) == 0
+  captured = capsys.readouterr()
+  algorithms = ["fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local"]
+  assert captured.err.splitlines() == [
+      f"fedjax-rep: {a} seed {s} diverged at round 1; its metrics are NaN from then on"
+      for a in algorithms for s in range(3)]
+  with open(out / "metrics.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 6 * 3 * 5
+  assert all(r["diverged"] == "1" and r["diverged_round"] == "1" for r in rows)
+  evaluated = [r for r in rows if r["test_accuracy"]]
+  assert len(evaluated) == 6 * 3 and all(r["round"] == "5" for r in evaluated)
+  assert all(np.isnan(float(r[k])) for r in evaluated
+             for k in ("train_loss", "test_accuracy", "test_accuracy_std"))
+  with open(out / "summary.csv") as f:
+    summary = list(csv.DictReader(f))
+  assert [r["algorithm"] for r in summary] == algorithms
+  assert all(r["diverged"] == "3" and r["seeds"] == "0" and np.isnan(float(r["test_accuracy"]))
+             for r in summary)
+  assert "nan" in captured.out  # the summary printed shows NaN, not an accuracy
