@@ -243,3 +243,15 @@ def test_the_issue_command_says_each_diverged_run_on_stderr_and_records_nan(tmp_
   assert all(r["diverged"] == "3" and r["seeds"] == "0" and np.isnan(float(r["test_accuracy"]))
              for r in summary)
   assert "nan" in captured.out  # the summary printed shows NaN, not an accuracy
+
+
+def test_numbers_from_a_diverged_runs_final_state_are_nan():
+  """fedrep-fig4's new-client errors and fedavg-ft-fig3's fine-tuning errors come from the
+  final states: NaN for a run that diverged (seed 1), as they were for the others."""
+  from fedjax_rep.recipes import shared
+  metrics = {"diverged": np.array([[0, 0, 0], [0, 1, 1]], np.float32)}
+  errors = np.array([[0.1, 0.2], [0.3, 0.4]], np.float32)
+  masked = shared.nan_where_diverged(errors, metrics)
+  assert masked.dtype == np.float32
+  np.testing.assert_array_equal(masked, [[0.1, 0.2], [np.nan, np.nan]])
+  np.testing.assert_array_equal(shared.nan_where_diverged(errors[:, 0], metrics), [0.1, np.nan])

@@ -53,6 +53,15 @@ def trained(unit, algorithm, data, hparams, keys, num_rounds, progress, keep=("B
   return unit(f"{algorithm.name}-train", compute)
 
 
+def nan_where_diverged(values, metrics: dict[str, np.ndarray]) -> np.ndarray:
+  """`values` [seeds, ...] computed from the final states of the runs of `metrics` (a
+  loop's metrics [seeds, rounds], with its `diverged` flags), NaN for the runs that
+  diverged: their final state is the one kept from before they diverged."""
+  diverged = np.asarray(metrics["diverged"])[:, -1] > 0
+  values = np.asarray(values)
+  return np.where(diverged.reshape(-1, *[1] * (values.ndim - 1)), np.nan, values)
+
+
 def round_rows(algorithm: str, seeds: list[int], metrics: dict[str, np.ndarray], **columns):
   """Rows (algorithm, seed, round, **columns, metrics) of metrics [seeds, rounds].
 
