@@ -253,5 +253,6 @@ def test_numbers_from_a_diverged_runs_final_state_are_nan():
   errors = np.array([[0.1, 0.2], [0.3, 0.4]], np.float32)
   masked = shared.nan_where_diverged(errors, metrics)
   assert masked.dtype == np.float32
-  np.testing.assert_array_equal(masked, [[0.1, 0.2], [np.nan, np.nan]])
-  np.testing.assert_array_equal(shared.nan_where_diverged(errors[:, 0], metrics), [0.1, np.nan])
+  np.testing.assert_array_equal(masked, [errors[0], [np.nan, np.nan]])
+  np.testing.assert_array_equal(shared.nan_where_diverged(errors[:, 0], metrics),
+                                [errors[0, 0], np.nan])
