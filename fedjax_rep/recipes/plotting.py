@@ -13,7 +13,6 @@ import re
 import sys
 import textwrap
 import threading
-import weakref
 
 import numpy as np
 
@@ -88,15 +87,16 @@ def line(ax, rows, x, y, label, along=None, **where):
           LINESTYLES[i % len(LINESTYLES)])
 
 
-# The runs that each line of `_line` draws: its handle -> [(seed, ids of the run's rows,
-# whether it diverged)], for `_legend_entries` to count runs that several panels draw once.
-_RUNS = weakref.WeakKeyDictionary()
+# The attribute of a `_line` handle that holds the runs it draws, [(seed, ids of the run's
+# rows, whether it diverged)], for `_legend_entries` to count runs that several panels draw
+# once (other handles, e.g. bars, have none).
+RUNS = "fedjax_rep_runs"
 
 
 def _line(ax, rows, x, y, label, along, linestyle):
   """One mean line with its min-max band over the rows of runs that did not diverge
   (`diverged_round` 0), and the diverged runs' curves and marks, over all of `rows` (one
-  run per seed); its runs are recorded in `_RUNS`."""
+  run per seed); its runs are recorded on its handle (`RUNS`)."""
   runs = {}  # seed: the rows of its run
   for r in rows:
     runs.setdefault(r["seed"], []).append(r)
@@ -106,8 +106,8 @@ def _line(ax, rows, x, y, label, along, linestyle):
   xs, mean, low, high = curves([r for r in rows if not r.get("diverged_round")], x, y, along)
   (handle,) = ax.plot(xs, mean, label=label, marker="o" if 0 < len(xs) < 20 else None, ms=3,
                       ls=linestyle)
-  _RUNS[handle] = [(seed, frozenset(map(id, run)), seed in diverged)
-                   for seed, run in runs.items()]
+  setattr(handle, RUNS, [(seed, frozenset(map(id, run)), seed in diverged)
+                         for seed, run in runs.items()])
   if len(xs):
     ax.fill_between(xs, low, high, color=handle.get_color(), alpha=0.2, linewidth=0)
   if along != "round" and x != "round":
@@ -200,7 +200,7 @@ DIVERGED_LABEL = re.compile(r"(.*) \(diverged at x: (\d+)/(\d+) seeds\)")  # see
 
 
 def _distinct_runs(runs) -> list[tuple[int, bool]]:
-  """The distinct runs of `runs` ([(seed, row ids, diverged)], see `_RUNS`), as
+  """The distinct runs of `runs` ([(seed, row ids, diverged)], see `RUNS`), as
   [(seed, diverged)]: runs that share a row (one run drawn in several panels, e.g. its
   loss and its accuracy) are one, diverged if any of them is."""
   distinct = []  # [(row ids, seed, diverged)]
@@ -218,13 +218,13 @@ def _legend_entries(fig) -> dict:
   `_line`) is one entry 'LABEL (diverged at x: D/R seeds)' over the distinct runs of its
   panels (`_distinct_runs`): D of its R runs diverged; 'runs' instead of 'seeds' where
   runs of the same seed are in different panels (e.g. one panel per setting)."""
-  handles, runs = {}, {}  # LABEL: handle; LABEL: its runs in every panel (see `_RUNS`)
+  handles, runs = {}, {}  # LABEL: handle; LABEL: its runs in every panel (see `RUNS`)
   for ax in fig.axes:
     for handle, label in zip(*ax.get_legend_handles_labels()):
       match = DIVERGED_LABEL.fullmatch(label)
       label = match[1] if match else label
       handles.setdefault(label, handle)
-      runs.setdefault(label, []).extend(_RUNS.get(handle, []))
+      runs.setdefault(label, []).extend(getattr(handle, RUNS, []))
   entries = {}
   for label, handle in handles.items():
     distinct = _distinct_runs(runs[label])
