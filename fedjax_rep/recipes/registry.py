@@ -195,9 +195,11 @@ def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(
         progress: bool = True) -> tuple[list[dict], object]:
   """Runs recipe `name` in memory over every combination of `grid` ({KEY: values} or
   'KEY=V1,V2,...' items; see `_sweep`); returns (rows, resolved config), where a swept
-  sequence field of the config holds all its swept values. Writes no files."""
+  sequence field of the config holds all its swept values. Writes no files; prints one
+  line on stderr per diverged run (`diverged_lines`) at the end."""
   recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
   rows = _sweep(recipe, config, seeds, grid, _call_unit, progress)
+  _say_diverged(rows)
   return rows, _figure_config(config, grid)
 
 
@@ -254,10 +256,15 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
     run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, grid),
                       first=("algorithm", *swept))
   run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, grid), f))
+  _say_diverged(rows)
+  return out
+
+
+def _say_diverged(rows: list[dict]) -> None:
+  """Prints `diverged_lines` of `rows` on stderr (process 0 of a job)."""
   if distributed.is_writer():
     for line in diverged_lines(rows):
       print(line, file=sys.stderr)
-  return out
 
 
 def diverged_lines(rows: list[dict]) -> list[str]:
