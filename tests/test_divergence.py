@@ -61,6 +61,60 @@ def test_the_bound_flags_a_blow_up_not_a_swing_and_changes_without_a_recompile(c
   np.testing.assert_array_equal(tight.metrics["diverged"][1], [0, 1, 1, 1, 1, 1, 1, 1])
 
 
+@dataclasses.dataclass(frozen=True)
+class EvaluatedSwing(Swing):
+  """Swing with an evaluation that reports the state's x as test_accuracy."""
+  name: str = "evaluated-swing"
+
+  def evaluate(self, state, data, hparams):
+    del data, hparams
+    return {"test_accuracy": state[0]}
+
+
+def test_a_diverged_run_is_evaluated_as_nan_from_its_diverged_round_on():
+  """Run 0 diverges at round 5 and keeps its state of round 4 (x = 1e4): its evaluations
+  after rounds 6 and 8 are NaN, not that kept state's; run 1 never diverges and is
+  evaluated as before. Evaluations of a sweep where no run diverged are left as they are."""
+  result = fr.run(EvaluatedSwing(), None, RATES, jax.random.key(0), 8, sweep_axes=SWEEP,
+                  chunk=2, eval_every=2, progress=False)
+  np.testing.assert_array_equal(result.eval_rounds, [2, 4, 6, 8])
+  accuracy = result.eval_metrics["test_accuracy"]
+  np.testing.assert_allclose(accuracy[0, :2], [100, 1e4])
+  assert np.isnan(accuracy[0, 2:]).all() and float(result.state[0][0]) == 1e4
+  np.testing.assert_allclose(accuracy[1], [1, 1, 1, 1], rtol=1e-5)
+  assert accuracy.dtype == np.float32
+  unbounded = fr.run(EvaluatedSwing(), None, RATES, jax.random.key(0), 8, sweep_axes=SWEEP,
+                     chunk=2, eval_every=2, progress=False, blowup=None)
+  np.testing.assert_allclose(unbounded.eval_metrics["test_accuracy"][0], [100, 1e4, 1e6, 1e8],
+                             rtol=1e-5)
+
+
+def test_the_legend_counts_runs_not_panels():
+  """digits-personalized's figure draws the same 3 runs (seed 2 diverged) in two panels
+  (accuracy, loss): its legend says 1 of 3 seeds, where it said 2 of 6. Panels of different
+  runs of the same seeds (one per setting, as fedrep-fig3's num_clients) count each:
+  'runs'. A line where no run diverged is its bare label."""
+  rows = [{"algorithm": a, "seed": seed, "round": t, "n": n,
+           "diverged_round": 2 if (seed, n) == (2, 10) and a == "a" else 0,
+           "loss": np.nan if (seed, n, t) == (2, 10, 2) and a == "a" else 1.0 + seed,
+           "accuracy": 0.5} for a in "ab" for n in (10, 20) for seed in range(3)
+          for t in (1, 2)]
+
+  def legend(panels):
+    fig, axes = plotting.figure(len(panels))
+    for ax, (y, where) in zip(axes, panels):
+      for a in "ab":
+        plotting.line(ax, rows, "round", y, a.upper(), algorithm=a, **where)
+    plotting.save(fig, io.BytesIO())
+    return [t.get_text() for t in fig.legends[0].get_texts()]
+
+  assert legend([("accuracy", {"n": 10}), ("loss", {"n": 10})]) == [
+      "A (diverged at x: 1/3 seeds)", "B"]
+  assert legend([("loss", {"n": 10}), ("loss", {"n": 20})]) == [
+      "A (diverged at x: 1/6 runs)", "B"]
+  assert legend([("loss", {"n": 20})]) == ["A", "B"]
+
+
 def test_a_bad_factor_stops_the_run_before_it_compiles(compiles):
   jax.random.key(0)  # the run's key: making it compiles in a fresh process
   compiles.reset()
@@ -131,6 +185,8 @@ def test_figures_take_y_limits_from_runs_that_did_not_diverge():
   fig.suptitle("a title longer than the figure is wide " * 4)
   plotting.save(fig, io.BytesIO())
   assert axes[0].get_legend_handles_labels()[1] == ["A (diverged at x: 1/3 seeds)"]
+  # The figure's legend counts seed 2's run once, though both panels draw it.
+  assert [t.get_text() for t in fig.legends[0].get_texts()] == ["A (diverged at x: 1/3 seeds)"]
   np.testing.assert_allclose(axes[0].get_lines()[0].get_ydata(), 1 + 0.5 / np.arange(1, 9))
   low, high = axes[0].get_ylim()
   assert 0.9 < low < 1 and 2 < high < 2.2
@@ -138,3 +194,65 @@ def test_figures_take_y_limits_from_runs_that_did_not_diverge():
   assert mark.get_xdata()[0] == 4 and low < mark.get_ydata()[0] < high
   assert axes[1].get_ylim()[1] >= 1e4  # no run left: the diverged curve sets the limits
   assert "\n" in fig.get_suptitle()
+
+
+def test_each_diverged_run_is_named_by_its_algorithm_seed_setting_and_round():
+  """fedrep-fig3's rows under --grid lr=0.1,1: num_clients is a setting column, lr is named
+  by the grid label; one line per diverged run (its diverged round's row), none for a run
+  that did not diverge."""
+  from fedjax_rep.recipes import registry, shared
+  diverged = np.array([[0, 1, 1], [0, 0, 0]], np.float32)  # seed 3 at round 2; seed 4 never
+  rows = [{**row, "grid": f"lr={lr}"}
+          for lr in (0.1, 1.0) for row in shared.round_rows(
+              "fedrep", [3, 4], {"principal_angle": np.ones((2, 3)), "diverged": diverged},
+              num_clients=100, lr=lr)]
+  assert registry.diverged_lines(rows) == [
+      f"fedjax-rep: fedrep seed 3 (num_clients=100, grid lr={lr}) diverged at round 2; its "
+      f"metrics are NaN from then on" for lr in (0.1, 1.0)]
+  assert registry.diverged_lines([r for r in rows if r["seed"] == 4]) == []
+
+
+@pytest.mark.slow
+def test_the_issue_command_says_each_diverged_run_on_stderr_and_records_nan(tmp_path, capsys):
+  """Issue 47: `fedjax-rep run digits-personalized --quick --set lr=1e6 --set rounds=5`
+  diverges in every run at round 1. It exits 0; stderr has one line per run (6 algorithms x
+  3 seeds) naming it and its round; every metric of metrics.csv from then on is NaN,
+  evaluations included; summary.csv averages no diverged run and counts them."""
+  import csv
+
+  from fedjax_rep import cli
+  out = tmp_path / "out"
+  assert cli.main(["run", "digits-personalized", "--quick", "--set", "lr=1e6", "--set",
+                   "rounds=5", "--no-progress", "--out", str(out)]) == 0
+  captured = capsys.readouterr()
+  algorithms = ["fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local"]
+  assert captured.err.splitlines() == [
+      f"fedjax-rep: {a} seed {s} diverged at round 1; its metrics are NaN from then on"
+      for a in algorithms for s in range(3)]
+  with open(out / "metrics.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 6 * 3 * 5
+  assert all(r["diverged"] == "1" and r["diverged_round"] == "1" for r in rows)
+  evaluated = [r for r in rows if r["test_accuracy"]]
+  assert len(evaluated) == 6 * 3 and all(r["round"] == "5" for r in evaluated)
+  assert all(np.isnan(float(r[k])) for r in evaluated
+             for k in ("train_loss", "test_accuracy", "test_accuracy_std"))
+  with open(out / "summary.csv") as f:
+    summary = list(csv.DictReader(f))
+  assert [r["algorithm"] for r in summary] == algorithms
+  assert all(r["diverged"] == "3" and r["seeds"] == "0" and np.isnan(float(r["test_accuracy"]))
+             for r in summary)
+  assert "nan" in captured.out  # the summary printed shows NaN, not an accuracy
+
+
+def test_numbers_from_a_diverged_runs_final_state_are_nan():
+  """fedrep-fig4's new-client errors and fedavg-ft-fig3's fine-tuning errors come from the
+  final states: NaN for a run that diverged (seed 1), as they were for the others."""
+  from fedjax_rep.recipes import shared
+  metrics = {"diverged": np.array([[0, 0, 0], [0, 1, 1]], np.float32)}
+  errors = np.array([[0.1, 0.2], [0.3, 0.4]], np.float32)
+  masked = shared.nan_where_diverged(errors, metrics)
+  assert masked.dtype == np.float32
+  np.testing.assert_array_equal(masked, [errors[0], [np.nan, np.nan]])
+  np.testing.assert_array_equal(shared.nan_where_diverged(errors[:, 0], metrics),
+                                [errors[0, 0], np.nan])

@@ -220,3 +220,45 @@ def test_recipe_quick(tmp_path):
   assert len(entries) == 2 * 2 * 10 * 10
   assert all(-1.0 <= float(r["cosine_similarity"]) <= 1.0 for r in entries)
   assert (tmp_path / "fedavg-ft-neural.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_diverged_runs_analysis_is_nan_and_left_out_of_the_summary(tmp_path, capsys):
+  """With lr = 1e6 every run diverges: the analysis of its final model (kept from before it
+  diverged) is NaN in metrics.csv (similarities, gaps, new clients' accuracy), and
+  summary.csv counts the runs in `diverged` and averages none (NaN)."""
+  out = recipes.run_to_dir("fedavg-ft-neural", quick=True, seeds=2, out=str(tmp_path),
+                           overrides=["lr=1e6"], progress=False)
+  assert len(capsys.readouterr().err.splitlines()) == 2 * len(fedavg_ft_neural.LABELS)
+  with open(f"{out}/metrics.csv") as f:
+    rows = list(csv.DictReader(f))
+  analysis = [r for r in rows if r["cosine_similarity"] or r["new_client_accuracy"]
+              or r["similarity_gap_seen"]]
+  assert analysis and all(math.isnan(float(v)) for r in analysis for k, v in r.items()
+                          if v and k in ("cosine_similarity", "similarity_gap_seen",
+                                         "similarity_gap_unseen", "new_client_accuracy",
+                                         "new_client_accuracy_std"))
+  with open(f"{out}/summary.csv") as f:
+    summary = list(csv.DictReader(f))
+  assert all(r["diverged"] == "2" and r["seeds"] == "0"
+             and math.isnan(float(r["new_client_accuracy"]))
+             and math.isnan(float(r["final_test_accuracy"])) for r in summary)
+
+
+def test_the_summary_leaves_out_diverged_runs():
+  """Seed 1 diverged: the summary averages seed 0's numbers alone and counts seed 1."""
+  config = recipes.resolve("fedavg-ft-neural", quick=True, overrides=["finetune_samples=1"])
+  rows = []
+  for name in fedavg_ft_neural.LABELS:
+    for seed, value, diverged in ((0, 0.5, 0), (1, np.nan, 3)):
+      base = {"algorithm": name, "seed": seed, "round": 5}
+      rows += [{**base, "diverged_round": diverged, "test_accuracy": value},
+               {**base, "similarity_gap_seen": value, "similarity_gap_unseen": value},
+               {**base, "finetune_samples": 1, "new_client_accuracy": value}]
+  summary = fedavg_ft_neural.summarize(rows, config)
+  assert [(r["algorithm"], r["seeds"], r["diverged"]) for r in summary] == [
+      (name, 1, 1) for name in fedavg_ft_neural.LABELS]
+  for r in summary:
+    assert r["new_client_accuracy"] == r["final_test_accuracy"] == 0.5
+    assert r["similarity_gap_seen"] == r["similarity_gap_unseen"] == 0.5
+    assert r["new_client_accuracy_std_over_seeds"] == 0

@@ -5,6 +5,7 @@ checked where their quick runs are made, in the notebooks' Checks cells
 (notebooks/01_fedrep_linear, 02_fedavg_ft and 04_srpfl; tests/test_notebooks.py)."""
 
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -34,9 +35,16 @@ def test_flute_fig3_cell_quick():
   assert not any(r["diverged_round"] for r in rows)
 
 
-def test_flute_fig4_quick_flags_divergence():
+def test_flute_fig4_quick_flags_divergence(capsys):
   rows, config = fr.run_recipe("flute-fig4", quick=True, progress=False,
                                overrides=["loss=mean"])
+  # One line on stderr per diverged run, naming its setting and round.
+  runs = {(r["seed"], r["gamma1"], r["samples_per_client"]): r["diverged_round"] for r in rows}
+  lines = capsys.readouterr().err.splitlines()
+  assert len(lines) == len(runs) and all(re.fullmatch(
+      r"fedjax-rep: flute seed \d+ \(rep_dim=\d+, num_clients=\d+, samples_per_client=\d+, "
+      r"gamma1=[\d.]+\) diverged at round \d+; its metrics are NaN from then on", line)
+      for line in lines)
   assert {r["gamma1"] for r in rows} == {r * config.gamma2 for r in config.gamma1_ratios}
   assert len(rows) == 5 * len(config.gamma1_ratios) * len(config.samples_per_client) * 300
   for r in rows:  # the 1/N loss diverges at eta = 0.03; every run is flagged, none crashes

@@ -110,9 +110,10 @@ def test_table1_synthetic_quick(tmp_path):
     ("fedrep-table1-femnist", ["algorithms=fedrep"]),
     ("fedrep-table1-sent140", ["algorithms=fedrep"]),
 ])
-def test_real_data_recipes_quick_on_mock_data(recipe, overrides):
+def test_real_data_recipes_quick_on_mock_data(recipe, overrides, capsys):
   rows, config = fr.run_recipe(recipe, quick=True, progress=False, overrides=overrides)
   assert config.source == "mock"
+  assert f"fedjax-rep: {recipe} runs on mock data (" in capsys.readouterr().err
   from fedjax_rep.recipes import registry
   summary = registry.get(recipe).summarize(rows, config)
   assert {r["algorithm"] for r in summary} == set(config.algorithms)
@@ -153,3 +154,49 @@ def test_summaries_say_how_many_evaluations_they_average():
   entry, = neural.summary(rows, ["fedrep"])
   assert entry["last_evaluations"] == 10 and entry["test_accuracy"] == pytest.approx(7.5)
   assert neural.averaged_text(rows) == "mean of the last 10 evaluations"
+
+
+def test_mock_data_is_said_for_exactly_the_configurations_that_train_on_it():
+  """fedrep-table1-* with source=mock (as --quick sets) and flute-table1 on CIFAR with
+  source=mock say one line; the real files, and flute-table1 --quick (digits), none."""
+  from fedjax_rep.recipes import registry
+  quick = {name: registry.mock_lines(registry.get(name), registry.resolve(name, quick=True),
+                                     {}) for name in registry.all_recipes()}
+  assert {name for name, lines in quick.items() if lines} == {
+      f"fedrep-table1-{d}" for d in ("cifar10", "cifar100", "femnist", "sent140")}
+  assert quick["fedrep-table1-femnist"] == [
+      "fedjax-rep: fedrep-table1-femnist runs on mock data (random examples in the format of "
+      "FEMNIST (10 letters)), not the real dataset (source=mock, as --quick sets): its numbers "
+      "mean nothing; `fedjax-rep data` says how to get the data"]
+  flute = registry.get("flute-table1")
+  config = flute.config(dataset="cifar10", source="mock")
+  assert registry.mock_lines(flute, config, {}) == [
+      "fedjax-rep: flute-table1 runs on mock data (random examples in the format of cifar10), "
+      "not the real dataset (source=mock, as --quick sets): its numbers mean nothing; "
+      "`fedjax-rep data` says how to get the data"]
+  assert registry.mock_lines(flute, config, {"source": ("files", "mock")}) == \
+      registry.mock_lines(flute, config, {})  # once, for the combination on mock data
+  assert registry.mock_lines(flute, flute.config(dataset="cifar10"), {}) == []
+
+
+class Trained(Exception):
+  """Raised where a recipe would start training."""
+
+
+def test_the_mock_data_line_comes_before_training(monkeypatch, capsys, tmp_path):
+  """`fedjax-rep run fedrep-table1-cifar10 --quick` says on stderr that it runs on mock
+  data before it trains (here: stops where training starts)."""
+  said = []
+
+  def shard_run(*args):
+    said.append(capsys.readouterr().err)
+    raise Trained
+
+  monkeypatch.setattr(table1, "shard_run", shard_run)
+  with pytest.raises(Trained):
+    cli.main(["run", "fedrep-table1-cifar10", "--quick", "--no-progress", "--out",
+              str(tmp_path / "out")])
+  assert said == [
+      "fedjax-rep: fedrep-table1-cifar10 runs on mock data (random examples in the format of "
+      "CIFAR-10), not the real dataset (source=mock, as --quick sets): its numbers mean "
+      "nothing; `fedjax-rep data` says how to get the data\n"]

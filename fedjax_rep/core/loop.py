@@ -18,7 +18,8 @@ A run diverges at the first round whose new state or metrics are not finite, or 
 tracked metric (`algorithm.tracked_metric`, an optional attribute, where the round reports
 it, else train_loss) exceeds `blowup` times its magnitude at the run's first round (the
 reference, carried like the state, so a resumed run gives the same numbers). A diverged
-run keeps its state from before that round and reports NaN metrics from then on.
+run keeps its state from before that round and reports NaN metrics from then on, in its
+rounds and in every evaluation after it (which `evaluate` runs on that kept state).
 
 On the CPU, the programs of an algorithm with `quick_compile` set (an optional attribute; the
 neural algorithms set it) are compiled with `QUICK_COMPILE`: LLVM's optimisation level 1 and
@@ -242,6 +243,14 @@ def _placed_like(value, state):
   return value
 
 
+def _masked(eval_metrics, diverged):
+  """The metrics of an evaluation ({name: [] or [sweep]}) with NaN for the runs that have
+  diverged (`diverged` bool [] or [sweep]); as they are where none has (no change of dtype)."""
+  if not np.any(diverged):
+    return eval_metrics
+  return {name: np.where(diverged, np.nan, value) for name, value in eval_metrics.items()}
+
+
 EVAL_PREFIX = "eval:"  # names of the evaluation metrics in a checkpoint's history
 
 
@@ -308,7 +317,8 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     rounds = num_rounds - start_round. A run that diverges (its state or a metric becomes
     non-finite, or its tracked metric exceeds the bound) stops there (the state keeps its
     value before that round; the rest of a sweep goes on): from that round on
-    metrics["diverged"] is 1 and the other metrics are NaN.
+    metrics["diverged"] is 1 and the other metrics are NaN, and so are its eval_metrics
+    from the first evaluation at or after that round.
 
   Raises:
     ValueError: num_rounds, start_round, chunk, eval_every or blowup out of range. Inputs
@@ -367,8 +377,9 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     pieces.append({k: np.take(v, np.arange(stop - t), axis=axis) for k, v in metrics.items()})
     if evaluated and (stop == num_rounds or (eval_every and stop % eval_every == 0)):
       eval_rounds.append(stop)
-      eval_pieces.append(jax.device_get(evaluate(algorithm, state, data, hparams,
-                                                 sweep_axes=sweep_axes)))
+      eval_pieces.append(_masked(jax.device_get(evaluate(algorithm, state, data, hparams,
+                                                         sweep_axes=sweep_axes)),
+                                 jax.device_get(diverged)))
     bar.update(stop - t)
     t = stop
     # In a job of several processes, all of them stop and save together.

@@ -231,20 +231,28 @@ def rows(name, seed_values, result, **columns):
 
 
 def summary(metrics_rows, algorithms_order, last=LAST_EVALUATIONS):
-  """Per algorithm: the mean over seeds (and its std) of each seed's mean test accuracy
-  over its last `last` evaluations (all of them where a run has fewer), as the papers
-  report; `last_evaluations` is how many were averaged."""
+  """Per algorithm: the mean over the seeds whose run did not diverge (and its std) of each
+  seed's mean test accuracy over its last `last` evaluations (all of them where a run has
+  fewer), as the papers report (NaN where every run diverged); `seeds` is how many seeds
+  were averaged, `diverged` how many were left out because their run diverged (a
+  `diverged_round` in its rows), `last_evaluations` how many evaluations were averaged (0
+  where none was)."""
   table = []
   for name in algorithms_order:
-    per_seed = {}
+    per_seed, diverged = {}, set()
     for r in metrics_rows:
-      if r["algorithm"] == name and r.get("test_accuracy") is not None:
+      if r["algorithm"] == name and r.get("diverged_round"):
+        diverged.add(r["seed"])
+      elif r["algorithm"] == name and r.get("test_accuracy") is not None:
         per_seed.setdefault(r["seed"], []).append((r["round"], r["test_accuracy"]))
     finals = [np.mean([a for _, a in sorted(v)[-last:]]) for v in per_seed.values()]
-    table.append({"algorithm": name, "test_accuracy": float(np.mean(finals)),
-                  "test_accuracy_std_over_seeds": float(np.std(finals)),
-                  "seeds": len(finals),
-                  "last_evaluations": min([last, *map(len, per_seed.values())])})
+    table.append({"algorithm": name,
+                  "test_accuracy": float(np.mean(finals)) if finals else float("nan"),
+                  "test_accuracy_std_over_seeds": float(np.std(finals)) if finals
+                  else float("nan"),
+                  "seeds": len(finals), "diverged": len(diverged),
+                  "last_evaluations": min([last, *map(len, per_seed.values())])
+                  if per_seed else 0})
   return table
 
 

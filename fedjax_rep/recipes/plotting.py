@@ -87,24 +87,33 @@ def line(ax, rows, x, y, label, along=None, **where):
           LINESTYLES[i % len(LINESTYLES)])
 
 
+# The attribute of a `_line` handle that holds the runs it draws, [(seed, ids of the run's
+# rows, whether it diverged)], for `_legend_entries` to count runs that several panels draw
+# once (other handles, e.g. bars, have none).
+RUNS = "fedjax_rep_runs"
+
+
 def _line(ax, rows, x, y, label, along, linestyle):
   """One mean line with its min-max band over the rows of runs that did not diverge
-  (`diverged_round` 0), and the diverged runs' curves and marks, over all of `rows`."""
-  diverged = {}  # seed: the rows of its diverged run
+  (`diverged_round` 0), and the diverged runs' curves and marks, over all of `rows` (one
+  run per seed); its runs are recorded on its handle (`RUNS`)."""
+  runs = {}  # seed: the rows of its run
   for r in rows:
-    if r.get("diverged_round"):
-      diverged.setdefault(r["seed"], []).append(r)
+    runs.setdefault(r["seed"], []).append(r)
+  diverged = {seed for seed, run in runs.items() if any(r.get("diverged_round") for r in run)}
   if diverged:
-    label = f"{label} (diverged at x: {len(diverged)}/{len({r['seed'] for r in rows})} seeds)"
+    label = f"{label} (diverged at x: {len(diverged)}/{len(runs)} seeds)"
   xs, mean, low, high = curves([r for r in rows if not r.get("diverged_round")], x, y, along)
   (handle,) = ax.plot(xs, mean, label=label, marker="o" if 0 < len(xs) < 20 else None, ms=3,
                       ls=linestyle)
+  setattr(handle, RUNS, [(seed, frozenset(map(id, run)), seed in diverged)
+                         for seed, run in runs.items()])
   if len(xs):
     ax.fill_between(xs, low, high, color=handle.get_color(), alpha=0.2, linewidth=0)
   if along != "round" and x != "round":
     return
-  for run in diverged.values():
-    xs, values = curves(run, x, y, along)[:2]
+  for seed in diverged:
+    xs, values = curves([r for r in runs[seed] if r.get("diverged_round")], x, y, along)[:2]
     if len(xs):
       from matplotlib.lines import Line2D
       ax.add_artist(Line2D(xs, values, lw=0.8, alpha=0.6, ls=linestyle,
@@ -190,23 +199,39 @@ def _readable_log_ticks(axis) -> None:
 DIVERGED_LABEL = re.compile(r"(.*) \(diverged at x: (\d+)/(\d+) seeds\)")  # see `_line`
 
 
+def _distinct_runs(runs) -> list[tuple[int, bool]]:
+  """The distinct runs of `runs` ([(seed, row ids, diverged)], see `RUNS`), as
+  [(seed, diverged)]: runs that share a row (one run drawn in several panels, e.g. its
+  loss and its accuracy) are one, diverged if any of them is."""
+  distinct = []  # [(row ids, seed, diverged)]
+  for seed, ids, diverged in runs:
+    shared = [d for d in distinct if d[0] & ids]
+    distinct = [d for d in distinct if not d[0] & ids]
+    distinct.append((ids.union(*(d[0] for d in shared)), seed,
+                     diverged or any(d[2] for d in shared)))
+  return [(seed, diverged) for _, seed, diverged in distinct]
+
+
 def _legend_entries(fig) -> dict:
   """{label: handle}: each label of the panels' lines once, drawn as where it first appears.
   A line whose runs diverged (labelled 'LABEL (diverged at x: D/S seeds)' in a panel, see
-  `_line`) is one entry, that label where it is in one panel, else 'LABEL (diverged at x:
-  D/R runs)', D summed over its panels and R = S x its panels."""
-  handles, counts = {}, {}  # LABEL: handle; LABEL: [(diverged, seeds) in each panel]
+  `_line`) is one entry 'LABEL (diverged at x: D/R seeds)' over the distinct runs of its
+  panels (`_distinct_runs`): D of its R runs diverged; 'runs' instead of 'seeds' where
+  runs of the same seed are in different panels (e.g. one panel per setting)."""
+  handles, runs = {}, {}  # LABEL: handle; LABEL: its runs in every panel (see `RUNS`)
   for ax in fig.axes:
     for handle, label in zip(*ax.get_legend_handles_labels()):
       match = DIVERGED_LABEL.fullmatch(label)
       label = match[1] if match else label
       handles.setdefault(label, handle)
-      counts.setdefault(label, []).append((int(match[2]), int(match[3])) if match else (0, 0))
+      runs.setdefault(label, []).extend(getattr(handle, RUNS, []))
   entries = {}
   for label, handle in handles.items():
-    diverged, seeds = sum(d for d, _ in counts[label]), max(s for _, s in counts[label])
-    runs, unit = len(counts[label]) * seeds, "seeds" if len(counts[label]) == 1 else "runs"
-    entries[f"{label} (diverged at x: {diverged}/{runs} {unit})" if diverged else label] = handle
+    distinct = _distinct_runs(runs[label])
+    diverged = sum(d for _, d in distinct)
+    unit = "seeds" if len({seed for seed, _ in distinct}) == len(distinct) else "runs"
+    entries[f"{label} (diverged at x: {diverged}/{len(distinct)} {unit})" if diverged
+            else label] = handle
   return entries
 
 

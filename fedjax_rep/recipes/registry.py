@@ -12,9 +12,11 @@ import datetime
 import importlib
 import json
 import os
+import sys
 from typing import Callable
 
 from fedjax_rep.core import checkpoint
+from fedjax_rep.core import distributed
 from fedjax_rep.core import files
 from fedjax_rep.core import threefry
 from fedjax_rep.recipes import config as cfg
@@ -35,6 +37,9 @@ class Recipe:
   with the values of its dict.
   plot(rows, config, path) draws the paper-style figure into `path` (PNG).
   summarize(rows, config) -> rows of a summary table (written to `summary_file`), or None.
+  mock_data(config) -> what mock data a configuration trains on instead of the recipe's
+  dataset (e.g. "random examples in the format of CIFAR-10"), None where it trains on the real
+  data; said on stderr before the run (`mock_lines`).
   """
   name: str
   summary: str
@@ -46,6 +51,7 @@ class Recipe:
   summarize: Callable | None = None
   summary_file: str = "summary.csv"
   traced: tuple[str, ...] = ()
+  mock_data: Callable | None = None
 
 
 RECIPES: dict[str, Recipe] = {}  # the recipes registered so far (see `all_recipes`)
@@ -136,7 +142,11 @@ def _sweep(recipe, config, seeds, grid, unit, progress) -> list[dict]:
   """The rows of every combination of `grid`: one call of recipe.run per combination of the
   shape-changing keys (with grid=[traced combinations] where the recipe traces swept keys),
   each caching its units under the prefix 'KEY=VALUE,...--'; every row gets the swept keys
-  and the `grid` label of its combination as columns. Without a grid: recipe.run's rows."""
+  and the `grid` label of its combination as columns. Without a grid: recipe.run's rows.
+  First says on stderr which combinations train on mock data (`mock_lines`)."""
+  if distributed.is_writer():
+    for line in mock_lines(recipe, config, grid):
+      print(line, file=sys.stderr)
   if not grid:
     return recipe.run(config, seeds, unit=unit, progress=progress)
   traced = {key: values for key, values in grid.items() if key in recipe.traced}
@@ -158,6 +168,21 @@ def _sweep(recipe, config, seeds, grid, unit, progress) -> list[dict]:
   return rows
 
 
+def mock_lines(recipe, config, grid) -> list[str]:
+  """One line for each different mock data (`Recipe.mock_data`) that the combinations of
+  `grid` (or `config` alone) train on, e.g. "fedjax-rep: fedrep-table1-cifar10 runs on
+  mock data (random examples in the format of CIFAR-10), not the real dataset (source=mock,
+  as --quick sets): its numbers mean nothing; `fedjax-rep data` says how to get the
+  data"."""
+  if recipe.mock_data is None:
+    return []
+  mocks = dict.fromkeys(recipe.mock_data(cfg.apply(config, combination))
+                        for combination in cfg.combinations(grid))
+  return [f"fedjax-rep: {recipe.name} runs on mock data ({mock}), not the real dataset "
+          f"(source=mock, as --quick sets): its numbers mean nothing; `fedjax-rep data` says "
+          f"how to get the data" for mock in mocks if mock is not None]
+
+
 def _figure_config(config, grid):
   """`config` as the figure sees the rows: each swept sequence field holds all its swept
   values (e.g. fedrep-fig3's panels, one per num_clients); other fields are unchanged."""
@@ -170,9 +195,11 @@ def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(
         progress: bool = True) -> tuple[list[dict], object]:
   """Runs recipe `name` in memory over every combination of `grid` ({KEY: values} or
   'KEY=V1,V2,...' items; see `_sweep`); returns (rows, resolved config), where a swept
-  sequence field of the config holds all its swept values. Writes no files."""
+  sequence field of the config holds all its swept values. Writes no files; prints one
+  line on stderr per diverged run (`diverged_lines`) at the end."""
   recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
   rows = _sweep(recipe, config, seeds, grid, _call_unit, progress)
+  _say_diverged(rows)
   return rows, _figure_config(config, grid)
 
 
@@ -204,7 +231,8 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   same `out`, configuration and grid (e.g. `replay(out/config.json)`) resumes instead of
   starting over. `out` must be new, empty or such a run (`outputs.RunDir`; `overwrite`
   starts it over), and no other process may be writing it (`outputs.InUse`: this process
-  holds its lock until it returns). Returns the output directory.
+  holds its lock until it returns). Prints one line on stderr per diverged run
+  (`diverged_lines`) at the end. Returns the output directory.
   """
   recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
   try:
@@ -233,7 +261,36 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
       written.append(recipe.summary_file)
     run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, grid), f))
     run_dir.finish([*written, f"{name}.png"])
+    _say_diverged(rows)
   return out
+
+
+def _say_diverged(rows: list[dict]) -> None:
+  """Prints `diverged_lines` of `rows` on stderr (process 0 of a job)."""
+  if distributed.is_writer():
+    for line in diverged_lines(rows):
+      print(line, file=sys.stderr)
+
+
+def diverged_lines(rows: list[dict]) -> list[str]:
+  """One line per diverged run of `rows` (metrics.csv rows), in their order: its
+  algorithm, seed, setting (the columns that `shared.round_rows` puts between `round` and
+  `diverged_round`, but those that the `grid` label names, then that label) and the round
+  at which it diverged, e.g. 'fedjax-rep: fedrep seed 0 (grid lr=0.5) diverged at round 1;
+  its metrics are NaN from then on'."""
+  lines = []
+  for row in rows:
+    if not row.get("diverged_round") or row.get("round") != row["diverged_round"]:
+      continue  # one row per diverged run: that of its diverged round
+    columns, grid = list(row), row.get("grid")
+    in_grid = {part.split("=")[0] for part in grid.split(", ")} if grid else set()
+    setting = [f"{key}={row[key]}" for key in
+               columns[columns.index("round") + 1:columns.index("diverged_round")]
+               if key not in in_grid] + ([f"grid {grid}"] if grid else [])
+    lines.append(f"fedjax-rep: {row['algorithm']} seed {row['seed']}"
+                 + (f" ({', '.join(setting)})" if setting else "")
+                 + f" diverged at round {row['round']}; its metrics are NaN from then on")
+  return lines
 
 
 def kernel_record(config) -> dict:

@@ -53,11 +53,22 @@ def trained(unit, algorithm, data, hparams, keys, num_rounds, progress, keep=("B
   return unit(f"{algorithm.name}-train", compute)
 
 
+def nan_where_diverged(values, metrics: dict[str, np.ndarray]) -> np.ndarray:
+  """`values` [seeds, ...] computed from the final states of the runs of `metrics` (a
+  loop's metrics [seeds, rounds], with its `diverged` flags), NaN for the runs that
+  diverged: their final state is the one kept from before they diverged."""
+  diverged = np.asarray(metrics["diverged"])[:, -1] > 0
+  values = np.asarray(values)
+  return np.where(diverged.reshape(-1, *[1] * (values.ndim - 1)), np.nan, values)
+
+
 def round_rows(algorithm: str, seeds: list[int], metrics: dict[str, np.ndarray], **columns):
   """Rows (algorithm, seed, round, **columns, metrics) of metrics [seeds, rounds].
 
   With a `diverged` metric (0/1 per round, from the loop) every row also gets
-  `diverged_round`: the first round at which its run diverged, 0 if it never did.
+  `diverged_round`, right after `columns`: the first round at which its run diverged, 0 if
+  it never did (`registry.diverged_lines` names a run by the columns between `round` and
+  `diverged_round`).
   """
   rows = []
   num_rounds = next(iter(metrics.values())).shape[1]

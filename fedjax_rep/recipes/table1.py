@@ -118,6 +118,12 @@ def source():
                     "files", ("files", "mock"))
 
 
+def mock_data(config, dataset: str) -> str | None:
+  """What a configuration with a `source` field trains on instead of `dataset` (e.g.
+  'CIFAR-10'): "random examples in the format of CIFAR-10" for source=mock, else None."""
+  return f"random examples in the format of {dataset}" if config.source == "mock" else None
+
+
 def check_paired(config, *names: str) -> None:
   """ConfigError unless the sequence fields `names` have the same length."""
   lengths = {n: len(getattr(config, n)) for n in names}

@@ -61,6 +61,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
         new_client_keys, jnp.asarray(B), jnp.asarray(w), data.B_star,
         config.finetune_noise_std, jnp.float32(config.finetune_lr), config.finetune_samples,
         config.new_clients, config.finetune_steps))})["finetune_error"]
+    errors = shared.nan_where_diverged(errors, trained)
     for s, seed_value in enumerate(seed_values):
       for j, n in enumerate(config.finetune_samples):
         rows.append({"algorithm": name, "seed": seed_value, "round": config.rounds,

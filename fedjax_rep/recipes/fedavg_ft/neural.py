@@ -165,7 +165,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   cohort = cohort_size(config.num_clients, config.participation)
   keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data
   run_keys = shared.run_keys(keys)
-  rows, finals = [], []
+  rows, finals, trained_metrics = [], [], []
   for name in LABELS:
     steps = local_steps(name, config)
     algorithm = nn_registry.make_algorithm(
@@ -181,11 +181,15 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
       r["local_updates"] = r["round"] * steps
     rows += algorithm_rows
     finals.append(params_lib.flatten(result["model"]))
+    trained_metrics.append(result["metrics"])
   seen = digits.NUM_CLASSES - config.unseen_classes
   # One program for both final models: the last algorithm's structure serves both.
   analysis = unit("analysis", lambda: jax.device_get(analyse(
       algorithm, tree.stack(finals), probe_x, probe_y, new, common.hparams(config),
       keys[:, 1], seen=seen, epochs=config.finetune_epochs)))
+  analysis = {k: np.stack([shared.nan_where_diverged(v[a], metrics)  # NaN: diverged runs
+                           for a, metrics in enumerate(trained_metrics)])
+              for k, v in analysis.items()}
   return rows + analysis_rows(analysis, seed_values, config)
 
 
@@ -212,48 +216,55 @@ def analysis_rows(analysis: dict, seed_values: list[int], config: Config) -> lis
 
 
 def column_mean(rows, name: str, column: str) -> float:
-  """The mean of `column` over the rows of algorithm `name` that have it."""
-  return float(np.mean([r[column] for r in rows
-                        if r["algorithm"] == name and r.get(column) is not None]))
+  """The mean of `column` over the rows of algorithm `name` that have it (NaN: none)."""
+  values = [r[column] for r in rows if r["algorithm"] == name and r.get(column) is not None]
+  return float(np.mean(values)) if values else np.nan
 
 
 def summarize(rows, config: Config) -> list[dict]:
-  """Per algorithm and k: the new clients' accuracy (mean over seeds and its std over
-  seeds), beside the algorithm's final test accuracy on the training clients and its
-  similarity gaps (means over seeds)."""
+  """Per algorithm and k: the new clients' accuracy (mean over the seeds whose run did not
+  diverge, `seeds` of them, and its std over them), beside the algorithm's final test
+  accuracy on the training clients and its similarity gaps (means over those seeds);
+  `diverged`: how many seeds were left out because their run diverged (all: NaN)."""
   table = []
   for name in LABELS:
+    diverged = {r["seed"] for r in rows if r["algorithm"] == name and r.get("diverged_round")}
+    kept = [r for r in rows if r["algorithm"] == name and r["seed"] not in diverged]
     final_round = max(r["round"] for r in rows if r["algorithm"] == name)
-    test = [r["test_accuracy"] for r in rows if r["algorithm"] == name
-            and r["round"] == final_round and r.get("test_accuracy") is not None]
+    test = [r["test_accuracy"] for r in kept
+            if r["round"] == final_round and r.get("test_accuracy") is not None]
     for k in config.finetune_samples:
-      accuracy = [r["new_client_accuracy"] for r in rows
-                  if r["algorithm"] == name and r.get("finetune_samples") == k]
+      accuracy = [r["new_client_accuracy"] for r in kept if r.get("finetune_samples") == k]
       table.append({"algorithm": name, "finetune_samples": k,
-                    "new_client_accuracy": float(np.mean(accuracy)),
-                    "new_client_accuracy_std_over_seeds": float(np.std(accuracy)),
-                    "seeds": len(accuracy), "final_test_accuracy": float(np.mean(test)),
-                    "similarity_gap_seen": column_mean(rows, name, "similarity_gap_seen"),
-                    "similarity_gap_unseen": column_mean(rows, name,
+                    "new_client_accuracy": float(np.mean(accuracy)) if accuracy else np.nan,
+                    "new_client_accuracy_std_over_seeds": float(np.std(accuracy)) if accuracy
+                    else np.nan,
+                    "seeds": len(accuracy), "diverged": len(diverged),
+                    "final_test_accuracy": float(np.mean(test)) if test else np.nan,
+                    "similarity_gap_seen": column_mean(kept, name, "similarity_gap_seen"),
+                    "similarity_gap_unseen": column_mean(kept, name,
                                                          "similarity_gap_unseen")})
   return table
 
 
 def mean_similarity(rows, name: str) -> np.ndarray:
-  """The class similarity matrix [C, C] of algorithm `name`, the mean over seeds."""
+  """The class similarity matrix [C, C] of algorithm `name`, the mean over the seeds whose
+  run did not diverge (NaN where every run diverged)."""
   entries = [r for r in rows if r["algorithm"] == name and "cosine_similarity" in r]
   size = max(r["class_a"] for r in entries) + 1
   sums, counts = np.zeros((size, size)), np.zeros((size, size))
   for r in entries:
-    sums[r["class_a"], r["class_b"]] += r["cosine_similarity"]
-    counts[r["class_a"], r["class_b"]] += 1
-  return sums / counts
+    if np.isfinite(r["cosine_similarity"]):  # NaN: a diverged run
+      sums[r["class_a"], r["class_b"]] += r["cosine_similarity"]
+      counts[r["class_a"], r["class_b"]] += 1
+  return np.divide(sums, counts, out=np.full_like(sums, np.nan), where=counts > 0)
 
 
 def similarity_panel(fig, ax, matrix: np.ndarray, seen: int, diverging: bool) -> None:
   """A class similarity matrix [C, C] as an annotated image with a colour bar: on [0, 1],
   or (diverging) on a blue-red scale symmetric about 0; dashes after the seen classes."""
-  limit = max(np.nanmax(np.abs(matrix)), 1e-3) if diverging else 1.0
+  limit = max(float(np.max(np.abs(matrix), initial=0.0, where=np.isfinite(matrix))),
+              1e-3) if diverging else 1.0
   image = ax.imshow(matrix, vmin=-limit if diverging else 0.0, vmax=limit,
                     cmap="RdBu_r" if diverging else "viridis")
   for i, j in np.ndindex(matrix.shape):

@@ -85,6 +85,8 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
     errors = unit(f"{name}-new", lambda: {"new_client_error": np.asarray(new_client_errors(
         new_client_keys, B, data.B_star, config.noise_std, config.new_client_samples,
         config.new_clients, config.test_samples))})["new_client_error"]
+    if name != "local":
+      errors = shared.nan_where_diverged(errors, metrics)
     final_round = 0 if name == "local" else config.rounds
     for s, seed_value in enumerate(seed_values):
       for j, m_new in enumerate(config.new_client_samples):

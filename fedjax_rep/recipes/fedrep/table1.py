@@ -157,7 +157,8 @@ def _register(dataset: str, title: str, config, run, settings, quick: dict, summ
   register(Recipe(name=f"fedrep-table1-{dataset}", summary=summary, config=config,
                   quick={"source": "mock", "algorithms": QUICK_ALGORITHMS, **quick},
                   run=run, plot=plot, default_seeds=1, summarize=summarize,
-                  summary_file="table1.csv"))
+                  summary_file="table1.csv",
+                  mock_data=lambda config: table1.mock_data(config, title)))
 
 
 _QUICK_SHARDS = {"rounds": 3, "eval_every": 1, "client_group": 1}
