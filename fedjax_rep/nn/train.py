@@ -153,11 +153,11 @@ def sgd_epochs_from(loss_fn: Callable, params, opt_state, x: jax.Array, y: jax.A
   return params, opt_state, total / jnp.maximum(real_steps, 1.0)
 
 
-def accuracy(logits: jax.Array, labels: jax.Array, count: jax.Array) -> jax.Array:
-  """Fraction of the first `count` rows of logits [t, C] whose argmax is the label [t]."""
+def hits(logits: jax.Array, labels: jax.Array, count: jax.Array) -> jax.Array:
+  """Number (int32 []) of the first `count` rows of logits [t, C] whose argmax is the
+  label [t]."""
   real = jnp.arange(labels.shape[0]) < count
-  hits = (jnp.argmax(logits, axis=-1) == labels) & real
-  return jnp.sum(hits) / jnp.maximum(count, 1)
+  return jnp.sum((jnp.argmax(logits, axis=-1) == labels) & real, dtype=jnp.int32)
 
 
 def client_map(fn: Callable, per_client, group: int | None):
