@@ -399,26 +399,26 @@ class Personalized:
     each device tests the clients it holds (one shard_map)."""
     self.check_sharding(data.num_clients)
 
-    def hits(state, data, offset):  # [n'] of the clients offset + range(n')
+    def tested(state, data, offset):  # `train.tested` [n'] of the clients offset + range(n')
       keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
           jax.random.wrap_key_data(state.eval_key), offset + jnp.arange(data.num_clients))
 
       def client(args):
         personal, x, y, count, key, x_test, y_test, test_count = args
         flat = self.eval_params(state.shared, personal, x, y, count, key, hparams)
-        return train.hits(self.logits(flat, x_test), y_test, test_count)
+        return train.tested(self.logits(flat, x_test), y_test, test_count)
 
       return train.client_map(client, (state.personal, data.x, data.y, data.counts, keys,
                                        data.x_test, data.y_test, data.test_counts),
                               self.client_group)
 
     if self.devices is None:
-      return accuracy_metrics(hits(state, data, 0), data.test_counts)
+      return accuracy_metrics(*tested(state, data, 0), data.test_counts)
 
     def local(state, data):
-      return hits(state, data, device_offset(data.num_clients))
+      return tested(state, data, device_offset(data.num_clients))
 
-    return accuracy_metrics(jax.shard_map(  # check_vma off: fine-tuning's scans (see round)
+    return accuracy_metrics(*jax.shard_map(  # check_vma off: fine-tuning's scans (see round)
         local, mesh=sharding.client_mesh(self.devices), in_specs=(STATE_SPECS, BY_CLIENT),
         out_specs=BY_CLIENT, check_vma=False)(state, data), data.test_counts)
 
@@ -437,34 +437,36 @@ class Personalized:
     def client(args):
       x, y, count, client_key, x_test, y_test, test_count = args
       new_head, _ = self.train_head(body, head, x, y, count, client_key, hparams, epochs)
-      return train.hits(self.logits(params_lib.merge(body, new_head), x_test), y_test,
-                        test_count)
+      return train.tested(self.logits(params_lib.merge(body, new_head), x_test), y_test,
+                          test_count)
 
-    return accuracy_metrics(train.client_map(
+    return accuracy_metrics(*train.client_map(
         client, (data.x, data.y, data.counts, keys, data.x_test, data.y_test, data.test_counts),
         self.client_group), data.test_counts)
 
 
-def accuracy_metrics(hits: jax.Array, test_counts: jax.Array) -> dict:
-  """The evaluation of n clients that got hits [n] (int) of their test_counts [n] test
-  samples right. A client without test samples is left out of every metric:
+def accuracy_metrics(accuracies: jax.Array, hits: jax.Array, test_counts: jax.Array) -> dict:
+  """The evaluation of n clients of accuracies [n] that got hits [n] (int) of their
+  test_counts [n] test samples right (`train.tested`). A client without test samples is
+  left out of every metric:
 
   test_accuracy: the mean over the tested clients (test_counts > 0) of their accuracies
     hits / test_counts; test_accuracy_weighted: sum(hits) / sum(test_counts) (the accuracy
     over all test samples); test_accuracy_std: the std (ddof 0) of the tested clients'
     accuracies; test_accuracy_p10: their 10th percentile (linear interpolation, as
     np.percentile: the worst decile's edge); test_clients: how many were tested (int32).
-  The accuracies are NaN where no client has test samples. (The sums are scaled by 1/count,
-  as XLA computes jnp.mean and jnp.std: with every client tested, the very float32 values.)
+  The accuracies are NaN where no client has test samples. With every client tested, the
+  mean and std are jnp.mean and jnp.std of all: XLA sums masked values in another order,
+  and this keeps the float32 values of the runs made before clients could be left out.
   """
   tested = test_counts > 0
   clients = jnp.sum(tested, dtype=jnp.int32)
-  accuracies = hits / jnp.maximum(test_counts, 1)
-  mean = jnp.sum(jnp.where(tested, accuracies, 0.0)) * (1 / clients)
-  deviations = jnp.where(tested, accuracies - mean, 0.0)
-  return {"test_accuracy": mean,
+  everyone = clients == accuracies.shape[0]
+  mean = jnp.sum(jnp.where(tested, accuracies, 0.0)) / clients
+  variance = jnp.sum(jnp.where(tested, jnp.square(accuracies - mean), 0.0)) / clients
+  return {"test_accuracy": jnp.where(everyone, jnp.mean(accuracies), mean),
           "test_accuracy_weighted": jnp.sum(hits) / jnp.sum(test_counts),
-          "test_accuracy_std": jnp.sqrt(jnp.sum(jnp.square(deviations)) * (1 / clients)),
+          "test_accuracy_std": jnp.where(everyone, jnp.std(accuracies), jnp.sqrt(variance)),
           "test_accuracy_p10": jnp.nanpercentile(jnp.where(tested, accuracies, jnp.nan), 10),
           "test_clients": clients}
 

@@ -264,7 +264,7 @@ def summarize(rows, config: Config) -> list[dict]:
       for comm_cost in config.comm_costs:
         selected = plotting.select(rows, speed_model=speed, participation=participation,
                                    comm_cost=comm_cost)
-        entries = common.summary(selected, algorithm_names(config))
+        entries = common.summary(selected, algorithm_names(config), config.summary)
         for entry in entries:
           runs = plotting.select(selected, algorithm=entry["algorithm"], round=1)
           reached = [r for r in runs if np.isfinite(r["time_to_target"])]
