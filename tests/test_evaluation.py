@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import fedjax_rep as fr
+from fedjax_rep.core.loop import split_run_key
 
 N, TESTED = 20, 7
 WARNING = r"^19 of 20 clients have no test samples \(clients 0, 1, 2, 3, 4, \.\.\.\)"
@@ -71,3 +72,25 @@ def test_linear_clients_without_test_samples_are_left_out():
   expected = np.mean((X_test @ theta - y_test) ** 2)
   np.testing.assert_allclose(result.metrics["test_error"][-1], expected, rtol=1e-4)
   np.testing.assert_array_equal(result.metrics["test_clients"], 1)
+
+
+def test_cohort_evaluation_tests_the_last_rounds_cohort_only():
+  """eval_clients="cohort": the clients that trained in the last round (as the engine draws
+  them) are tested, and they alone, as if the others had no test samples."""
+  make = lambda eval_clients: fr.make_neural_algorithm(
+      "fedrep", model=fr.make_model("digits-mlp", 2), cohort=4, batch_size=6,
+      client_group=None, head_epochs=1, eval_clients=eval_clients)
+  hp = fr.nn_hparams(lr=0.05)
+  data = neural_data([np.arange(i * 6, i * 6 + 6) for i in range(N)])
+  key, rounds = jax.random.key(0), 3
+  result = fr.run(make("cohort"), data, hp, key, rounds, eval_every=1, progress=False)
+  round_key = jax.random.fold_in(split_run_key(key)[1], rounds - 1)
+  last = np.asarray(fr.sample_cohort(jax.random.split(round_key)[0], N, 4))
+  np.testing.assert_array_equal(np.flatnonzero(result.state.cohort), np.sort(last))
+  np.testing.assert_array_equal(result.eval_metrics["test_clients"], [4] * rounds)
+  others_untested = data.replace(test_counts=jnp.where(result.state.cohort, data.test_counts, 0))
+  expected = fr.evaluate(make("all"), result.state.replace(cohort=None), others_untested, hp)
+  for name, value in expected.items():
+    np.testing.assert_allclose(result.eval_metrics[name][-1], value, rtol=1e-6, err_msg=name)
+  with pytest.raises(ValueError, match=r"eval_clients='sampled' must be one of"):
+    fr.init_state(make("sampled"), data, hp, key)

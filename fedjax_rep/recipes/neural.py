@@ -9,6 +9,7 @@ import numpy as np
 from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import partition as partition_lib
+from fedjax_rep.nn import algorithm as nn_algorithm
 from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import family
 from fedjax_rep.nn import hparams as hparams_lib
@@ -66,6 +67,12 @@ def eval_every(default=5):
                           "last)", default)
 
 
+def eval_clients(default="all"):
+  return cfg.choice("whom each evaluation tests: every client (FedRep's code) or only the "
+                    "clients that trained in the round before it", default,
+                    nn_algorithm.EVAL_CLIENTS)
+
+
 def summary_statistic(default="last10"):
   return cfg.choice(f"the statistic of each run's test accuracies that summary.csv, table1.csv "
                     f"and the figure report, then averaged over seeds: the mean of the last "
@@ -118,6 +125,7 @@ class Training(placement.Placement):
   momentum: float = momentum()
   weight_decay: float = weight_decay()
   eval_every: int = eval_every()
+  eval_clients: str = eval_clients()
   summary: str = summary_statistic()
   seed: int = cfg.seed()
   client_group: int = client_group()
@@ -180,16 +188,16 @@ def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_e
 
 
 def algorithm(name, config, model, num_clients):
-  """Algorithm `name` with its structure, options, placement (devices, cohort groups) and
-  the structure of its conventions (FLUTE*'s order) from `config`, for num_clients
-  clients."""
+  """Algorithm `name` with its structure, options, placement (devices, cohort groups),
+  whom it evaluates (eval_clients) and the structure of its conventions (FLUTE*'s order)
+  from `config`, for num_clients clients."""
   options = {k: getattr(config, k) for k in nn_registry.OPTIONS if hasattr(config, k)}
   return nn_registry.make_algorithm(
       name, model=model, cohort=cohort_size(num_clients, config.participation),
       local_epochs=config.local_epochs, head_epochs=config.head_epochs,
       batch_size=config.batch_size, client_group=config.client_group,
       ft_epochs=config.head_epochs, head_first=resolved_conventions(config).head_first(),
-      **placement.keywords(config), **options)
+      eval_clients=config.eval_clients, **placement.keywords(config), **options)
 
 
 def shared_program(config, own, own_hparams, peers, data) -> tuple:

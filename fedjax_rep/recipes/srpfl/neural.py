@@ -201,7 +201,8 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
                                               head_epochs=config.head_epochs,
                                               batch_size=config.batch_size,
                                               client_group=config.client_group,
-                                              ft_epochs=config.head_epochs)
+                                              ft_epochs=config.head_epochs,
+                                              eval_clients=config.eval_clients)
             for inner in dict.fromkeys(ALGORITHMS[name][0] for name in names)}
   results = {}
   for inner in inners:  # one program for all of them where they share it (`nn.family`)
