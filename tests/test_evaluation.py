@@ -42,6 +42,9 @@ def test_neural_clients_without_test_samples_are_left_out():
   for name in ("test_accuracy", "test_accuracy_weighted", "test_accuracy_p10"):
     np.testing.assert_allclose(metrics[name], full["test_accuracy"], rtol=1e-6, err_msg=name)
   assert float(metrics["test_accuracy_std"]) == 0.0
+  new = algorithm.new_clients(state, issue, hp, jax.random.key(1), epochs=1)  # same rule
+  assert int(new["test_clients"]) == 1 and float(new["test_accuracy_std"]) == 0.0
+  assert float(new["test_accuracy"]) in {float(np.float32(k / 6)) for k in range(7)}  # not k/120
 
 
 def test_neural_metrics_are_nan_without_any_test_sample():
