@@ -76,8 +76,8 @@ def test_test_error_leaves_out_clients_without_test_samples(test_counts):
   X_test, y_test = np.asarray(data.X_test), np.asarray(data.y_test)
   pattern = rf"^{len(untested)} of {N} clients have no test samples \(clients {untested[0]}, "
   for algorithm in (fr.FedRep(rep_dim=K, cohort=5), fr.FedAvg(rep_dim=K, cohort=5)):
-    state0 = fr.init_state(algorithm, data, hparams(), key)
-    with pytest.warns(UserWarning, match=pattern):
+    with pytest.warns(UserWarning, match=pattern):  # both check the data
+      state0 = fr.init_state(algorithm, data, hparams(), key)
       result = fr.run(algorithm, data, hparams(), key, ROUNDS, progress=False)
     errors = []
     if isinstance(algorithm, fr.FedRep):
