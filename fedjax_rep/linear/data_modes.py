@@ -206,7 +206,7 @@ class FixedData:
 
   def model_metrics(self, theta_fn) -> dict:
     """test_error (with a test set; with test_counts, the mean over the clients tested of
-    each one's mean over its test samples, and test_clients, how many: int32) and
+    each one's mean over its test samples, and test_clients, how many) and
     model_error (with ground-truth models) of the personal models theta_fn() [n, d];
     theta_fn is called only if one of them applies."""
     if self.X_test is None and self.models is None:
