@@ -219,13 +219,13 @@ def test_logits(shared: dict, personal: dict, data, i: int, eval_key) -> np.ndar
 
 
 def evaluate(shared: dict, personal: list[dict], data, eval_key) -> dict:
-  """test_accuracy and test_accuracy_std (ddof 0) over clients of the accuracy on the first
-  test_counts[i] test rows (0 with none) of `test_logits`."""
+  """test_accuracy and test_accuracy_std (ddof 0) over the clients with test samples of the
+  accuracy on their first test_counts[i] test rows of `test_logits`."""
   accuracies = []
   for i in range(len(personal)):
     t = int(data.test_counts[i])
-    out = test_logits(shared, personal[i], data, i, eval_key)[:t]
-    accuracies.append(float(np.mean(out.argmax(axis=1) == np.asarray(data.y_test[i][:t])))
-                      if t else 0.0)
+    if t:
+      out = test_logits(shared, personal[i], data, i, eval_key)[:t]
+      accuracies.append(float(np.mean(out.argmax(axis=1) == np.asarray(data.y_test[i][:t]))))
   return {"test_accuracy": float(np.mean(accuracies)),
           "test_accuracy_std": float(np.std(accuracies))}

@@ -508,15 +508,22 @@ def eval_params(shared: dict, personal: dict, data, i: int, hp=None, *,
 def evaluate(shared: dict, personal: list[dict], data, hp=None, *,
              name: str | None = None, ft_epochs: int = 0, eval_key=None,
              batch_size: int = 10, **options) -> dict:
-  """test_accuracy (the mean over clients) and test_accuracy_std (their std, ddof 0) of
-  every client's accuracy on its first test_counts[i] test rows (0 with none) with its
-  `eval_params`."""
-  accuracies = []
+  """Every client with test samples tested on its first test_counts[i] test rows with its
+  `eval_params` (clients without any are left out): test_accuracy (the mean of their
+  accuracies), test_accuracy_weighted (over all their test samples), test_accuracy_std
+  (std, ddof 0), test_accuracy_p10 (10th percentile) and test_clients (how many)."""
+  accuracies, weights = [], []
   for i in range(len(personal)):
+    t = int(data.test_counts[i])
+    if not t:
+      continue
     params = eval_params(shared, personal[i], data, i, hp, name=name, ft_epochs=ft_epochs,
                          eval_key=eval_key, batch_size=batch_size, **options)
-    t = int(data.test_counts[i])
     accuracies.append(accuracy(params, np.asarray(data.x_test[i][:t], np.float64),
-                               np.asarray(data.y_test[i][:t])) if t else 0.0)
+                               np.asarray(data.y_test[i][:t])))
+    weights.append(t)
   return {"test_accuracy": float(np.mean(accuracies)),
-          "test_accuracy_std": float(np.std(accuracies))}
+          "test_accuracy_weighted": float(np.average(accuracies, weights=weights)),
+          "test_accuracy_std": float(np.std(accuracies)),
+          "test_accuracy_p10": float(np.percentile(accuracies, 10)),
+          "test_clients": len(accuracies)}

@@ -73,10 +73,12 @@ def method_of_moments(X, y, k):
   return vectors[:, np.argsort(values)[::-1][:k]]
 
 
-def test_error(thetas, X_test, y_test):
-  """Mean over clients of the mean squared error of theta_i on client i's test samples."""
-  return np.mean([np.mean((np.asarray(X_test[i], np.float64) @ thetas[i] - y_test[i]) ** 2)
-                  for i in range(len(thetas))])
+def test_error(thetas, X_test, y_test, test_counts=None):
+  """Mean over clients of the mean squared error of theta_i on client i's test samples (its
+  first test_counts[i]; None: all); clients without test samples are left out."""
+  counts = [len(y_test[i]) for i in range(len(thetas))] if test_counts is None else test_counts
+  return np.mean([np.mean((np.asarray(X_test[i][:t], np.float64) @ thetas[i] - y_test[i][:t])
+                          ** 2) for i, t in enumerate(counts) if t])
 
 
 def fedavg_population_round(B, w, theta_stars, clients, lr, local_steps):

@@ -123,17 +123,19 @@ def fine_tuned(shared: dict, data, i: int, hp, *, ft_epochs: int, ft_body: bool,
 
 
 def evaluate(name: str, shared: dict, personal: list[dict], data, hp=None, **ft) -> dict:
-  """test_accuracy and test_accuracy_std (ddof 0) over clients of each client's accuracy
-  on its first test_counts[i] test rows (0 with none): FedRoD's with the logits g + p,
+  """test_accuracy and test_accuracy_std (ddof 0) over the clients with test samples of each
+  one's accuracy on its first test_counts[i] test rows: FedRoD's with the logits g + p,
   FedBABU's with its `fine_tuned` params (`ft`: fine_tuned's keywords)."""
   accuracies = []
   for i in range(len(personal)):
     t = int(data.test_counts[i])
+    if not t:
+      continue
     x, y = np.asarray(data.x_test[i][:t], np.float64), np.asarray(data.y_test[i][:t])
     if name == "fedrod":
       logits = rod_logits(shared, personal[i], x)
     else:
       logits, _ = ref.forward(fine_tuned(shared, data, i, hp, **ft), x)
-    accuracies.append(float(np.mean(np.argmax(logits, axis=1) == y)) if t else 0.0)
+    accuracies.append(float(np.mean(np.argmax(logits, axis=1) == y)))
   return {"test_accuracy": float(np.mean(accuracies)),
           "test_accuracy_std": float(np.std(accuracies))}

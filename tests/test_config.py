@@ -43,6 +43,7 @@ def test_bad_settings_fail_before_any_compilation(item, pattern, compiles):
     ("algorithms=fedrep,scafold", r"algorithms='scafold' is out of range.*fedrep, fedper.*"
                                   r"scaffold.*fed-mtl, fedcp"),
     ("batch_size=0", r"batch_size=0 is out of range"),
+    ("summary=median", r"summary='median' is out of range.*last10, last, best"),
 ])
 def test_bad_neural_settings_fail_before_any_compilation(item, pattern, compiles):
   with pytest.raises(fr.ConfigError, match=pattern):

@@ -265,7 +265,8 @@ def test_evaluate_adds_the_nc2_metrics_of_every_clients_head():
   algorithm = make()
   state = initial_state(algorithm, data)
   metrics = jitted(algorithm, "evaluate")(state, data, HP)
-  assert set(metrics) == {"test_accuracy", "test_accuracy_std", "global_nc2", "local_nc2"}
+  assert set(metrics) == {"test_accuracy", "test_accuracy_weighted", "test_accuracy_std",
+                          "test_accuracy_p10", "test_clients", "global_nc2", "local_nc2"}
   classes = np.stack([fref.class_mask(data.y[i], int(data.counts[i]), 10)
                       for i in range(data.num_clients)])
   expected = fref.nc2_metrics(np.asarray(state.personal["head/kernel"], np.float64), classes)

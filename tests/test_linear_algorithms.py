@@ -55,6 +55,56 @@ def test_fedrep_family_matches_reference(head_steps, cohort):
   np.testing.assert_allclose(result.metrics["test_error"], errors, rtol=1e-3, atol=ATOL)
 
 
+def with_test_counts(data, test_counts):
+  """`data` with per-client test counts (its test rows past them zeroed, as client_data does)."""
+  return fr.client_data(data.X, data.y, X_test=data.X_test, y_test=data.y_test,
+                        B_star=data.B_star, test_counts=test_counts)
+
+
+ISSUE_CASE = [0] * 11 + [4]  # 11 of 12 clients without test samples (issue 47)
+
+
+@pytest.mark.parametrize("test_counts", [ISSUE_CASE, [4, 0, 1, 3, 0, 2, 4, 4, 0, 1, 2, 3]])
+def test_test_error_leaves_out_clients_without_test_samples(test_counts):
+  """FedRep's and FedAvg's test_error with test_counts: the reference's mean over the
+  clients tested of each one's error on its test samples; test_clients counts them; the
+  check names the clients left out."""
+  untested = [i for i, t in enumerate(test_counts) if not t]
+  data = with_test_counts(fixed_data(test_samples=4), test_counts)
+  key = jax.random.key(7)
+  X, y = np.asarray(data.X), np.asarray(data.y)
+  X_test, y_test = np.asarray(data.X_test), np.asarray(data.y_test)
+  pattern = rf"^{len(untested)} of {N} clients have no test samples \(clients {untested[0]}, "
+  for algorithm in (fr.FedRep(rep_dim=K, cohort=5), fr.FedAvg(rep_dim=K, cohort=5)):
+    with pytest.warns(UserWarning, match=pattern):  # both check the data
+      state0 = fr.init_state(algorithm, data, hparams(), key)
+      result = fr.run(algorithm, data, hparams(), key, ROUNDS, progress=False)
+    errors = []
+    if isinstance(algorithm, fr.FedRep):
+      B, heads = np.asarray(state0.B), np.asarray(state0.heads)
+      for clients in cohorts(key, N, 5, ROUNDS):
+        B, heads, _ = ref.fedrep_round(B, heads, X, y, clients, 0.1)
+        thetas = [B @ ref.least_squares(X[i] @ B, y[i]) for i in range(N)]
+        errors.append(ref.test_error(thetas, X_test, y_test, test_counts))
+    else:
+      B, w = np.asarray(state0.B), np.asarray(state0.w)
+      for clients in cohorts(key, N, 5, ROUNDS):
+        B, w, _ = ref.fedavg_round(B, w, X, y, clients, 0.1, algorithm.local_steps)
+        errors.append(ref.test_error([B @ w] * N, X_test, y_test, test_counts))
+    np.testing.assert_allclose(result.metrics["test_error"], errors, rtol=1e-3, atol=ATOL)
+    np.testing.assert_array_equal(result.metrics["test_clients"], N - len(untested))
+
+
+def test_test_counts_all_zero_or_out_of_range_are_errors():
+  data = fixed_data(test_samples=4)
+  with pytest.raises(ValueError, match="test_counts are all 0"):
+    with_test_counts(data, [0] * N)
+  with pytest.raises(ValueError, match=r"test_counts\[2\] = 5 \(client 2\)"):
+    with_test_counts(data, [4, 4, 5] + [4] * (N - 3))
+  with pytest.raises(ValueError, match="without X_test"):
+    fr.client_data(data.X, data.y, test_counts=[1] * N)
+
+
 def test_unsampled_clients_keep_their_heads():
   data = fixed_data()
   algorithm = fr.FedRep(rep_dim=K, cohort=3)

@@ -182,11 +182,20 @@ def test_unmasked_rounds_match_reference():
   np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("name,ft_epochs", [("fedrep", 0), ("fedavg-ft", 2)])
-def test_evaluation_matches_reference(name, ft_epochs):
+EVAL_METRICS = ("test_accuracy", "test_accuracy_weighted", "test_accuracy_std",
+                "test_accuracy_p10", "test_clients")
+
+
+@pytest.mark.parametrize("name,ft_epochs,test_counts", [
+    ("fedrep", 0, None), ("fedavg-ft", 2, None), ("fedrep", 0, [3, 0, 5, 0, 1, 5]),
+    ("fedavg-ft", 2, [0, 0, 0, 0, 4, 0])])
+def test_evaluation_matches_reference(name, ft_epochs, test_counts):
   """Evaluation of a state trained by the reference's rounds (the package's rounds agree
-  with them, tested above), so that the package compiles evaluate only."""
+  with them, tested above), so that the package compiles evaluate only; with test_counts,
+  some clients have no test samples (left out of every metric)."""
   data = make_data()
+  if test_counts is not None:
+    data = data.replace(test_counts=jnp.asarray(test_counts, jnp.int32))
   algorithm = make(name, ft_epochs=2)
   state = initial_state(algorithm, data)
   shared, personal = to_reference(state, data.num_clients)
@@ -197,7 +206,8 @@ def test_evaluation_matches_reference(name, ft_epochs):
   shared, personal = to_reference(state, data.num_clients)
   expected = ref.evaluate(shared, personal, data, HP, ft_epochs=ft_epochs,
                           eval_key=state.eval_key, batch_size=STRUCTURE["batch_size"])
-  for metric in ("test_accuracy", "test_accuracy_std"):
+  assert set(metrics) == set(EVAL_METRICS)
+  for metric in EVAL_METRICS:
     np.testing.assert_allclose(float(metrics[metric]), expected[metric], atol=1e-6,
                                err_msg=metric)
 

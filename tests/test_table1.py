@@ -153,6 +153,7 @@ def test_summaries_say_how_many_evaluations_they_average():
           for t in range(1, 13)]
   entry, = neural.summary(rows, ["fedrep"])
   assert entry["last_evaluations"] == 10 and entry["test_accuracy"] == pytest.approx(7.5)
+  assert entry["statistic"] == "mean of the last 10 evaluations"
   assert neural.averaged_text(rows) == "mean of the last 10 evaluations"
 
 
@@ -200,3 +201,17 @@ def test_the_mock_data_line_comes_before_training(monkeypatch, capsys, tmp_path)
       "fedjax-rep: fedrep-table1-cifar10 runs on mock data (random examples in the format of "
       "CIFAR-10), not the real dataset (source=mock, as --quick sets): its numbers mean "
       "nothing; `fedjax-rep data` says how to get the data\n"]
+
+
+def test_summaries_take_the_last_or_the_best_evaluation_when_asked():
+  """summary="last": each seed's last accuracy; "best": its largest; both named."""
+  from fedjax_rep.recipes import neural
+  rows = [{"algorithm": "fedrep", "seed": s, "round": t, "test_accuracy": a}
+          for s, curve in ((0, (0.2, 0.9, 0.5)), (1, (0.4, 0.3, 0.7)))
+          for t, a in zip((5, 10, 15), curve)]
+  last, = neural.summary(rows, ["fedrep"], "last")
+  best, = neural.summary(rows, ["fedrep"], "best")
+  assert last["test_accuracy"] == pytest.approx(0.6) and last["last_evaluations"] == 1
+  assert best["test_accuracy"] == pytest.approx(0.8) and best["last_evaluations"] == 3
+  assert (last["statistic"], best["statistic"]) == ("last evaluation", "best of 3 evaluations")
+  assert neural.averaged_text(rows, "best") == "best of 3 evaluations"

@@ -65,8 +65,8 @@ class ClientDatasets:
     shapes that disagree, counts outside [0, m] (test_counts: [0, t]), no training sample
     at all, non-finite inputs and labels outside [0, classes) (default num_classes; a
     model's outputs) naming the client and sample. Warns on clients without training
-    samples or whose training inputs are all zero. Values are checked where concrete
-    (`core.checks`)."""
+    samples, without test samples (left out of the test metrics) or whose training inputs
+    are all zero. Values are checked where concrete (`core.checks`)."""
     classes = self.num_classes if classes is None else classes
     self.check_layout()
     n, m = self.x.shape[:2]
@@ -97,6 +97,11 @@ class ClientDatasets:
       checks.warn(f"{empty.size} of {n} clients have no training samples "
                   f"({checks.clients_text(empty)}): they never train and weigh nothing in the "
                   f"server's averages, yet their test accuracy counts; drop them unless meant")
+    untested = np.flatnonzero(self.test_counts == 0) if checks.concrete(self.test_counts) else []
+    if len(untested):
+      checks.warn(f"{len(untested)} of {n} clients have no test samples "
+                  f"({checks.clients_text(untested)}): they are left out of the test metrics "
+                  f"(test_clients counts the clients tested; NaN accuracies if none is)")
     if np.issubdtype(self.x.dtype, np.inexact):
       real = np.arange(m) < self.counts[:, None]
       nonzero = checks.any_nonzero(self.x, tuple(range(2, self.x.ndim)))  # [n, m]

@@ -46,6 +46,8 @@ class FixedData:
       real).
     models: [clients, dim] float array of ground-truth models theta_i* (e.g.
       under-parameterised), or None.
+    test_counts: [clients] int array of real test samples per client, in [0, test_samples]
+      (a client with 0 is left out of test_error; None: all are real).
   """
   X: jax.Array
   y: jax.Array
@@ -54,11 +56,13 @@ class FixedData:
   B_star: jax.Array | None = None
   counts: jax.Array | None = None
   models: jax.Array | None = None
+  test_counts: jax.Array | None = None
 
   def check_layout(self) -> None:
     """Raises ValueError unless the arrays' shapes agree: X [n, m, d] with n, m >= 1, y [n, m],
     counts [n] integers in [1, m] (values where concrete), X_test [n, t, d] with y_test
-    [n, t], models [n, d], B_star [d, k'] with k' >= 1."""
+    [n, t], test_counts [n] (only with X_test) integers in [0, t] and not all 0 (values where
+    concrete), models [n, d], B_star [d, k'] with k' >= 1."""
     X, y = self.X, self.y
     if len(X.shape) != 3 or tuple(y.shape) != tuple(X.shape[:2]):
       raise ValueError(f"client data must be X [clients, samples, dim] and y [clients, samples]; "
@@ -86,6 +90,8 @@ class FixedData:
           or tuple(y_test.shape) != tuple(X_test.shape[:2])):
         raise ValueError(f"test data must be X_test [{n}, samples, {d}] and y_test [{n}, "
                          f"samples]; got {tuple(X_test.shape)} and {tuple(y_test.shape)}")
+    if self.test_counts is not None:
+      self.check_test_counts()
     if self.models is not None and tuple(self.models.shape) != (n, d):
       raise ValueError(f"models must be [clients={n}, dim={d}]; got {tuple(self.models.shape)}")
     if self.B_star is not None and (len(self.B_star.shape) != 2 or self.B_star.shape[0] != d
@@ -93,12 +99,34 @@ class FixedData:
       raise ValueError(f"B_star must be [dim={d}, rep_dim >= 1]; got "
                        f"{tuple(self.B_star.shape)}")
 
+  def check_test_counts(self) -> None:
+    """Raises ValueError unless test_counts (with X_test) are [n] integers in [0, t] and not
+    all 0: a test_error over no client would be NaN, which stops a run as diverged."""
+    if self.X_test is None:
+      raise ValueError("test_counts given without X_test and y_test: pass the test data too")
+    n, t = self.X_test.shape[:2]
+    rule = f"test_counts must be [clients={n}] integers in [0, test samples={t}]"
+    if (tuple(self.test_counts.shape) != (n,)
+        or not jnp.issubdtype(self.test_counts.dtype, jnp.integer)):
+      raise ValueError(f"{rule}; got shape {tuple(self.test_counts.shape)} and dtype "
+                       f"{self.test_counts.dtype}")
+    if not checks.concrete(self.test_counts):
+      return
+    bad = np.flatnonzero((self.test_counts < 0) | (self.test_counts > t))
+    if len(bad):
+      raise ValueError(f"{rule}; got test_counts[{bad[0]}] = {self.test_counts[bad[0]]} "
+                       f"(client {bad[0]})")
+    if not self.test_counts.any():
+      raise ValueError("test_counts are all 0: no client has a test sample, so test_error "
+                       "would be NaN; pass X_test=None for a run without a test set")
+
   def check(self, rep_dim: int, heads: bool = True) -> None:
     """Raises ValueError on data a linear algorithm with rep_dim k cannot run on: a bad layout
     (`check_layout`), k > d, non-finite values (naming the client and sample), values too
-    large for float32 (`check_scale`). Warns on clients whose X is all zero and, where
-    clients fit heads (`heads`), on clients with fewer samples than k. Values are checked
-    where concrete (`core.checks`)."""
+    large for float32 (`check_scale`). Warns on clients whose X is all zero, on clients
+    without test samples (test_counts 0: left out of test_error) and, where clients fit
+    heads (`heads`), on clients with fewer samples than k. Values are checked where
+    concrete (`core.checks`)."""
     self.check_layout()
     n, m, d = self.X.shape
     checks.in_range("rep_dim", rep_dim, 1, d, "the data's dimension d", "choose a smaller rep_dim")
@@ -116,6 +144,12 @@ class FixedData:
       checks.warn(f"{zero.size} of {n} clients have only zeros in X "
                   f"({checks.clients_text(zero)}): they carry no signal for the representation "
                   f"or their heads; drop them or check how the data were built")
+    untested = (np.flatnonzero(self.test_counts == 0) if checks.concrete(self.test_counts)
+                else [])
+    if len(untested):
+      checks.warn(f"{len(untested)} of {n} clients have no test samples "
+                  f"({checks.clients_text(untested)}): they are left out of test_error "
+                  f"(test_clients counts the clients tested)")
     counts = np.full(n, m) if self.counts is None else self.counts
     few = np.flatnonzero(counts < rep_dim)
     if heads and few.size:
@@ -167,7 +201,8 @@ class FixedData:
   def client_specs(self, spec: PartitionSpec) -> "FixedData":
     """The data with `spec` at its per-client leaves and P() (replicated) at B_star."""
     per_client = {name: None if getattr(self, name) is None else spec
-                  for name in ("X", "y", "X_test", "y_test", "counts", "models")}
+                  for name in ("X", "y", "X_test", "y_test", "counts", "models",
+                               "test_counts")}
     return self.replace(**per_client, B_star=None if self.B_star is None else PartitionSpec())
 
   def refit_models(self, B: jax.Array) -> jax.Array:
@@ -175,13 +210,18 @@ class FixedData:
     return heads_lib.fit_models(self.X, self.y, B)
 
   def model_metrics(self, theta_fn) -> dict:
-    """test_error (with a test set) and model_error (with ground-truth models) of the
-    personal models theta_fn() [n, d]; theta_fn is called only if one of them applies."""
+    """test_error (with a test set; with test_counts, the mean over the clients tested of
+    each one's mean over its test samples, and test_clients, how many) and
+    model_error (with ground-truth models) of the personal models theta_fn() [n, d];
+    theta_fn is called only if one of them applies."""
     if self.X_test is None and self.models is None:
       return {}
     theta, metrics = theta_fn(), {}
     if self.X_test is not None:
-      metrics["test_error"] = metrics_lib.mean_squared_error(theta, self.X_test, self.y_test)
+      metrics["test_error"] = metrics_lib.mean_squared_error(theta, self.X_test, self.y_test,
+                                                             self.test_counts)
+    if self.test_counts is not None:
+      metrics["test_clients"] = jnp.sum(self.test_counts > 0, dtype=jnp.int32)
     if self.models is not None:
       metrics["model_error"] = metrics_lib.model_error(theta, self.models)
     return metrics
@@ -369,12 +409,14 @@ def make_fixed_data(key: jax.Array, problem: LinearProblem, samples: int,
   return FixedData(X=X, y=y, X_test=X_test, y_test=y_test, B_star=problem.B_star)
 
 
-def client_data(X, y, *, X_test=None, y_test=None, B_star=None, counts=None) -> FixedData:
+def client_data(X, y, *, X_test=None, y_test=None, B_star=None, counts=None,
+                test_counts=None) -> FixedData:
   """Wraps user-supplied client data as `FixedData`, after checking their layout.
 
   The layout is checked here (`FixedData.check_layout`), the values when a run starts. For
   datasets of different sizes pass `counts`: client i's real samples are its first
-  counts[i] rows; the rest are padding and are set to zero here.
+  counts[i] rows; the rest are padding and are set to zero here. Likewise `test_counts` for
+  the test sets, where a client may have none (it is left out of test_error).
 
   Args:
     X: [clients, samples, dim] array-like.
@@ -383,6 +425,8 @@ def client_data(X, y, *, X_test=None, y_test=None, B_star=None, counts=None) -> 
     y_test: [clients, test_samples] array-like, or None (pass both or neither).
     B_star: [dim, rep_dim] array-like, the ground-truth subspace, or None.
     counts: [clients] int array-like of real samples per client, in [1, samples], or None.
+    test_counts: [clients] int array-like of real test samples per client, in [0,
+      test_samples] and not all 0, or None (all real); only with X_test.
 
   Returns:
     A `FixedData` of float32 arrays (int32 counts), padding rows zeroed.
@@ -391,14 +435,25 @@ def client_data(X, y, *, X_test=None, y_test=None, B_star=None, counts=None) -> 
     ValueError: before the arrays are converted, if the shapes disagree, counts are no
       integers or a count is out of range (`FixedData.check_layout`).
   """
-  given = FixedData(*(None if a is None else a if hasattr(a, "shape") else np.asarray(a)
-                      for a in (X, y, X_test, y_test, B_star, counts)))
+  arrays = dict(X=X, y=y, X_test=X_test, y_test=y_test, B_star=B_star, counts=counts,
+                test_counts=test_counts)
+  given = FixedData(**{name: None if a is None else a if hasattr(a, "shape") else np.asarray(a)
+                       for name, a in arrays.items()})
   checks.host(given).check_layout()
   as_array = lambda a, dtype=jnp.float32: None if a is None else jnp.asarray(a, dtype)
   data = FixedData(X=as_array(X), y=as_array(y), X_test=as_array(X_test),
                    y_test=as_array(y_test), B_star=as_array(B_star),
-                   counts=as_array(counts, jnp.int32))
-  if counts is None:
-    return data
-  real = jnp.arange(data.samples)[None, :] < data.counts[:, None]
-  return data.replace(X=jnp.where(real[..., None], data.X, 0.0), y=jnp.where(real, data.y, 0.0))
+                   counts=as_array(counts, jnp.int32),
+                   test_counts=as_array(test_counts, jnp.int32))
+
+  def zero_padding(X, y, counts):  # X [n, m, d], y [n, m] with rows >= counts [n] zeroed
+    real = jnp.arange(X.shape[1])[None, :] < counts[:, None]
+    return jnp.where(real[..., None], X, 0.0), jnp.where(real, y, 0.0)
+
+  if counts is not None:
+    X, y = zero_padding(data.X, data.y, data.counts)
+    data = data.replace(X=X, y=y)
+  if test_counts is not None:
+    X_test, y_test = zero_padding(data.X_test, data.y_test, data.test_counts)
+    data = data.replace(X_test=X_test, y_test=y_test)
+  return data

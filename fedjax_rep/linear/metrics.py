@@ -22,18 +22,28 @@ def principal_angle(B: jax.Array, B_star: jax.Array) -> jax.Array:
   return jnp.linalg.svd(residual, compute_uv=False)[0]
 
 
-def mean_squared_error(theta: jax.Array, X: jax.Array, y: jax.Array) -> jax.Array:
-  """Mean over clients and samples of (x^T theta_i - y)^2.
+def mean_squared_error(theta: jax.Array, X: jax.Array, y: jax.Array,
+                       counts: jax.Array | None = None) -> jax.Array:
+  """Mean over clients and samples of (x^T theta_i - y)^2; with `counts`, the mean over the
+  clients with counts[i] > 0 of each one's mean over its first counts[i] samples (a client
+  without samples is left out; NaN if none has any).
 
   Args:
     theta: the clients' models [n, d].
     X: their samples [n, m, d].
     y: their labels [n, m].
+    counts: [n] int, the real samples of each client (the rest padding), or None (all m).
 
   Returns:
     The mean squared error [].
   """
-  return jnp.mean((jnp.einsum("nmd,nd->nm", X, theta) - y) ** 2)
+  squared = (jnp.einsum("nmd,nd->nm", X, theta) - y) ** 2
+  if counts is None:
+    return jnp.mean(squared)
+  real = jnp.arange(X.shape[1]) < counts[:, None]
+  per_client = jnp.sum(jnp.where(real, squared, 0.0), axis=1) / jnp.maximum(counts, 1)
+  tested = counts > 0
+  return jnp.sum(jnp.where(tested, per_client, 0.0)) / jnp.sum(tested)
 
 
 def model_error(theta: jax.Array, models: jax.Array) -> jax.Array:

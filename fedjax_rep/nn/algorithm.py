@@ -53,19 +53,24 @@ class NNState:
   clients, each [n, ...] (sampled or not, a client keeps its own across rounds);
   eval_key: uint32 key data of the randomness of evaluation (fine-tuning shuffles);
   untrained: bool [n], the clients that have not trained yet, kept only with the option
-  `average_untrained` (`conventions`' starting_heads; None otherwise)."""
+  `average_untrained` (`conventions`' starting_heads; None otherwise); cohort: bool [n],
+  the clients that trained in the last round, kept only with eval_clients="cohort" (None
+  otherwise)."""
   shared: dict
   personal: dict
   eval_key: jax.Array
   untrained: jax.Array | None = None
+  cohort: jax.Array | None = None
 
 
 # Leading (client) axis split over the client mesh's devices; how an NNState lies on the mesh
 # (personal params split by client, the rest replicated: a pytree prefix, as shard_map takes).
 BY_CLIENT = PartitionSpec(sharding.CLIENTS)
 STATE_SPECS = NNState(shared=PartitionSpec(), personal=BY_CLIENT, eval_key=PartitionSpec(),
-                      untrained=BY_CLIENT)
+                      untrained=BY_CLIENT, cohort=BY_CLIENT)
 AVERAGE_UNTRAINED = conventions.OPTIONS["starting_heads"]
+# Whom `evaluate` tests: every client (FedRep's code, the default), or the last round's cohort.
+EVAL_CLIENTS = ("all", "cohort")
 UNIFORM_AVERAGE = conventions.OPTIONS["averaging"]
 
 
@@ -82,7 +87,8 @@ class Personalized:
   all clients, or one group per device when sharded); devices: run rounds and evaluation
   with the client axis sharded over the first `devices` devices (the module docstring;
   None: unsharded). num_clients and cohort must be multiples of cohort_groups, and
-  cohort_groups of devices.
+  cohort_groups of devices. eval_clients: whom `evaluate` tests, every client ("all", as
+  FedRep's code) or only those that trained in the last round ("cohort").
   """
   model: nn.Module
   cohort: int
@@ -92,6 +98,7 @@ class Personalized:
   name: str = "personalized"
   cohort_groups: int | None = None
   devices: int | None = None
+  eval_clients: str = "all"
   # Whether the option `average_untrained` (`conventions`' starting_heads) applies: the
   # algorithms whose authors' code lets untrained clients alias the global model.
   averages_untrained: ClassVar[bool] = False
@@ -168,8 +175,9 @@ class Personalized:
   def check(self, data, hparams: NNHparams) -> None:
     """The checks of a run, before anything compiles (`core.checks`): the data's own
     (`ClientDatasets.check`, with labels below the classes the model's head outputs too),
-    1 <= cohort <= num_clients, the sharding (`check_sharding`), and the option
-    `average_untrained` only where it applies (`averages_untrained`)."""
+    1 <= cohort <= num_clients, the sharding (`check_sharding`), eval_clients one of
+    EVAL_CLIENTS, and the option `average_untrained` only where it applies
+    (`averages_untrained`)."""
     if AVERAGE_UNTRAINED in hparams.options and not self.averages_untrained:
       raise ValueError(f"{self.name}: the option {AVERAGE_UNTRAINED} (starting_heads="
                        f"averaged) applies to FedRep, FedPer, LG-FedAvg and FLUTE, whose "
@@ -177,12 +185,16 @@ class Personalized:
     data.check(min(data.num_classes, getattr(self.model, "num_classes", data.num_classes)))
     checks.in_range("cohort", self.cohort, 1, data.num_clients, "the number of clients",
                     "sample at most that many clients per round")
+    if self.eval_clients not in EVAL_CLIENTS:
+      raise ValueError(f"eval_clients={self.eval_clients!r} must be one of {EVAL_CLIENTS}: "
+                       f"evaluate every client or the last round's cohort")
     self.check_sharding(data.num_clients)
 
   def init(self, key, data, hparams: NNHparams) -> NNState:
-    """The model's initial params (one draw: every client starts from the same model), and
-    every client untrained where the option `average_untrained` is given; when sharded,
-    laid out as STATE_SPECS says on the client mesh."""
+    """The model's initial params (one draw: every client starts from the same model),
+    every client untrained where the option `average_untrained` is given, and no client in
+    the last cohort with eval_clients="cohort"; when sharded, laid out as STATE_SPECS says
+    on the client mesh."""
     self.check_sharding(data.num_clients)
     key_model, key_eval = jax.random.split(key)
     sample = jnp.zeros((1, *data.x.shape[2:]), data.x.dtype)
@@ -192,8 +204,9 @@ class Personalized:
                             personal)
     untrained = (jnp.ones(data.num_clients, bool) if AVERAGE_UNTRAINED in hparams.options
                  else None)
+    cohort = jnp.zeros(data.num_clients, bool) if self.eval_clients == "cohort" else None
     state = NNState(shared=shared, personal=personal, eval_key=jax.random.key_data(key_eval),
-                    untrained=untrained)
+                    untrained=untrained, cohort=cohort)
     if self.devices is None:
       return state
     mesh = sharding.client_mesh(self.devices)
@@ -246,8 +259,8 @@ class Personalized:
                        f"step combines the cohort's values without `cohort_sum` (a psum over "
                        f"the devices), so the devices would disagree on the shared params; "
                        f"use devices=None") from error
-    return self.start_untrained(state.replace(shared=shared), clients, weights, None,
-                                hparams), metrics
+    state = self.start_untrained(state.replace(shared=shared), clients, weights, None, hparams)
+    return self.record_cohort(state, clients, None), metrics
 
   def masked_round(self, state: NNState, key, data, hparams: NNHparams, clients, mask=None):
     """One round of clients `clients` [c] where `mask` [c] (bool; None: all) is True: they
@@ -265,8 +278,8 @@ class Personalized:
     state, sent, weights, losses = self.train_clients(state, key, data, hparams, clients,
                                                       clients, mask)
     shared, metrics = self.server_step(state.shared, sent, weights, losses, data.num_clients)
-    return self.start_untrained(state.replace(shared=shared), clients, weights, mask,
-                                hparams), metrics
+    state = self.start_untrained(state.replace(shared=shared), clients, weights, mask, hparams)
+    return self.record_cohort(state, clients, mask), metrics
 
   def train_clients(self, state: NNState, key, data, hparams: NNHparams, rows, clients,
                     mask=None):
@@ -323,6 +336,14 @@ class Personalized:
         lambda p, s: jnp.where(start.reshape(-1, *[1] * (p.ndim - 1)), s, p),
         state.personal, aggregate.mean(sums, total))
     return state.replace(personal=personal, untrained=untrained)
+
+  def record_cohort(self, state: NNState, clients, mask) -> NNState:
+    """`state` with `cohort` [n] True exactly at the clients `clients` [c] that trained
+    this round (where `mask` [c] is True; None: all); unchanged where it keeps no cohort."""
+    if state.cohort is None:
+      return state
+    trained = jnp.ones(clients.shape, bool) if mask is None else mask
+    return state.replace(cohort=jnp.zeros_like(state.cohort).at[clients].max(trained))
 
   def shares_params(self, hparams: NNHparams):
     """Whether the server averages any parameter (bool or bool [])."""
@@ -394,38 +415,41 @@ class Personalized:
     return params_lib.merge(shared, personal)
 
   def evaluate(self, state: NNState, data, hparams: NNHparams) -> dict:
-    """Every client's accuracy on its own test set with its own params (`eval_params`):
-    test_accuracy (the mean over clients) and test_accuracy_std (their std). Sharded, each
-    device tests the clients it holds (one shard_map)."""
+    """Every client tested on its own test set with its own params (`eval_params`):
+    `accuracy_metrics` over all clients, or with eval_clients="cohort" over the last
+    round's cohort (those without test samples left out). Sharded, each device tests the
+    clients it holds (one shard_map)."""
     self.check_sharding(data.num_clients)
+    test_counts = (data.test_counts if state.cohort is None
+                   else jnp.where(state.cohort, data.test_counts, 0))
 
-    def accuracies(state, data, offset):  # [n'] of the clients offset + range(n')
+    def tested(state, data, offset):  # `train.tested` [n'] of the clients offset + range(n')
       keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
           jax.random.wrap_key_data(state.eval_key), offset + jnp.arange(data.num_clients))
 
       def client(args):
         personal, x, y, count, key, x_test, y_test, test_count = args
         flat = self.eval_params(state.shared, personal, x, y, count, key, hparams)
-        return train.accuracy(self.logits(flat, x_test), y_test, test_count)
+        return train.tested(self.logits(flat, x_test), y_test, test_count)
 
       return train.client_map(client, (state.personal, data.x, data.y, data.counts, keys,
                                        data.x_test, data.y_test, data.test_counts),
                               self.client_group)
 
     if self.devices is None:
-      return accuracy_metrics(accuracies(state, data, 0))
+      return accuracy_metrics(*tested(state, data, 0), test_counts)
 
     def local(state, data):
-      return accuracies(state, data, device_offset(data.num_clients))
+      return tested(state, data, device_offset(data.num_clients))
 
-    return accuracy_metrics(jax.shard_map(  # check_vma off: fine-tuning's scans (see round)
+    return accuracy_metrics(*jax.shard_map(  # check_vma off: fine-tuning's scans (see round)
         local, mesh=sharding.client_mesh(self.devices), in_specs=(STATE_SPECS, BY_CLIENT),
-        out_specs=BY_CLIENT, check_vma=False)(state, data))
+        out_specs=BY_CLIENT, check_vma=False)(state, data), test_counts)
 
   def new_clients(self, state: NNState, data, hparams: NNHparams, key, epochs: int) -> dict:
-    """Accuracy of new clients (`data`: their own train and test sets) that reuse the
-    learned body (the server's) and fit only a head, from zero, by `epochs` epochs of SGD
-    on their training data (FedRep Fig. 4's question, for neural nets)."""
+    """`accuracy_metrics` of new clients (`data`: their own train and test sets) that reuse
+    the learned body (the server's) and fit only a head, from zero, by `epochs` epochs of
+    SGD on their training data (FedRep Fig. 4's question, for neural nets)."""
     body = {p: v for p, v in state.shared.items() if p.startswith("body/")}
     head = {p: jnp.zeros(v.shape[1:] if p in state.personal else v.shape, v.dtype)
             for p, v in {**state.shared, **state.personal}.items() if p.startswith("head/")}
@@ -437,17 +461,38 @@ class Personalized:
     def client(args):
       x, y, count, client_key, x_test, y_test, test_count = args
       new_head, _ = self.train_head(body, head, x, y, count, client_key, hparams, epochs)
-      return train.accuracy(self.logits(params_lib.merge(body, new_head), x_test), y_test,
-                            test_count)
+      return train.tested(self.logits(params_lib.merge(body, new_head), x_test), y_test,
+                          test_count)
 
-    return accuracy_metrics(train.client_map(
+    return accuracy_metrics(*train.client_map(
         client, (data.x, data.y, data.counts, keys, data.x_test, data.y_test, data.test_counts),
-        self.client_group))
+        self.client_group), data.test_counts)
 
 
-def accuracy_metrics(accuracies: jax.Array) -> dict:
-  """test_accuracy (mean over clients of accuracies [n]) and test_accuracy_std."""
-  return {"test_accuracy": jnp.mean(accuracies), "test_accuracy_std": jnp.std(accuracies)}
+def accuracy_metrics(accuracies: jax.Array, hits: jax.Array, test_counts: jax.Array) -> dict:
+  """The evaluation of n clients of accuracies [n] that got hits [n] (int) of their
+  test_counts [n] test samples right (`train.tested`). A client without test samples (or
+  whose test_counts are set to 0: not evaluated) is left out of every metric:
+
+  test_accuracy: the mean over the tested clients (test_counts > 0) of their accuracies
+    hits / test_counts; test_accuracy_weighted: sum(hits) / sum(test_counts) (the accuracy
+    over all test samples); test_accuracy_std: the std (ddof 0) of the tested clients'
+    accuracies; test_accuracy_p10: their 10th percentile (linear interpolation, as
+    np.percentile: the worst decile's edge); test_clients: how many were tested (int32).
+  The accuracies are NaN where no client has test samples. With every client tested, the
+  mean and std are jnp.mean and jnp.std of all: XLA sums masked values in another order,
+  and this keeps the float32 values of the runs made before clients could be left out.
+  """
+  tested = test_counts > 0
+  clients = jnp.sum(tested, dtype=jnp.int32)
+  everyone = clients == accuracies.shape[0]
+  mean = jnp.sum(jnp.where(tested, accuracies, 0.0)) / clients
+  variance = jnp.sum(jnp.where(tested, jnp.square(accuracies - mean), 0.0)) / clients
+  return {"test_accuracy": jnp.where(everyone, jnp.mean(accuracies), mean),
+          "test_accuracy_weighted": jnp.sum(jnp.where(tested, hits, 0)) / jnp.sum(test_counts),
+          "test_accuracy_std": jnp.where(everyone, jnp.std(accuracies), jnp.sqrt(variance)),
+          "test_accuracy_p10": jnp.nanpercentile(jnp.where(tested, accuracies, jnp.nan), 10),
+          "test_clients": clients}
 
 
 def device_offset(held: int) -> jax.Array:

@@ -48,7 +48,8 @@ MEMBERS = (FedRep, FedPer, LGFedAvg, FedAvg, Local)  # exactly these classes, no
 TRACED_EPOCHS = {FedAvg: FT_EPOCHS, FedProx: FT_EPOCHS, Scaffold: FT_EPOCHS,
                  Flute: HEAD_EPOCHS}
 # The structure every member of one program has in common (the fields of `Personalized`).
-COMMON = ("model", "cohort", "batch_size", "client_group", "cohort_groups", "devices")
+COMMON = ("model", "cohort", "batch_size", "client_group", "cohort_groups", "devices",
+          "eval_clients")
 
 
 @struct.dataclass

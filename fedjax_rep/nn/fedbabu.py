@@ -67,6 +67,6 @@ class FedBABU(FedAvg):
     """Accuracy of new clients (`data`: their own train and test sets) that fine-tune the
     global model for `epochs` as `evaluate`'s clients do (new client i with key
     fold_in(key, i)), unsharded."""
-    fresh = state.replace(eval_key=jax.random.key_data(key))
+    fresh = state.replace(eval_key=jax.random.key_data(key), cohort=None)  # all tested
     tuning = dataclasses.replace(self, ft_epochs=epochs, devices=None, cohort_groups=None)
     return tuning.evaluate(fresh, data, hparams)

@@ -65,6 +65,7 @@ class L2GD(Personalized):
 
       losses = train.client_map(client_loss, (models, clients), self.client_group)
       state_out = state.replace(personal=tree.scatter(state.personal, clients, moved))
-      return state_out, {"train_loss": aggregate.weighted_mean(losses, weights)}
+      return (self.record_cohort(state_out, clients, mask),
+              {"train_loss": aggregate.weighted_mean(losses, weights)})
 
     return jax.lax.cond(jax.random.uniform(key_coin) < self.l2gd_p, average, local, None)

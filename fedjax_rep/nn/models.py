@@ -56,7 +56,8 @@ class Body(nn.Module):
     for i, features in enumerate(self.convs):
       conv = Conv(features, (k, k), self.conv_impl, self.dtype, name=f"conv{i + 1}")
       x = max_pool2(nn.relu(conv(x)))
-    x = x.reshape(*x.shape[:x.ndim - self.example_axes], -1)
+    lead = x.ndim - self.example_axes  # the example's size, not -1: batches may be empty
+    x = x.reshape(*x.shape[:lead], int(np.prod(x.shape[lead:])))
     for i, features in enumerate(self.fcs):
       x = nn.relu(nn.Dense(features, dtype=self.dtype, name=f"fc{i + 1}")(x))
     return x

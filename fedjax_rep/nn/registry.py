@@ -100,7 +100,7 @@ def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
                    head_epochs: int = 10, batch_size: int = 10, client_group: int | None = 10,
                    ft_epochs: int = FT_EPOCHS, local_steps: int = 1,
                    cohort_groups: int | None = None, devices: int | None = None,
-                   head_first: bool = False, **options):
+                   head_first: bool = False, eval_clients: str = "all", **options):
   """The neural algorithm registered as `name`, with its structure (static fields).
 
   The structure's fields are those of `algorithm.Personalized`; each algorithm takes the ones
@@ -120,6 +120,8 @@ def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
     devices: shard the client axis over this many devices (None: unsharded).
     head_first: FLUTE*'s head epochs before its joint ones, one optimiser throughout (the
       authors' code; `conventions`' flute_star_order).
+    eval_clients: whom evaluate tests: "all" clients (FedRep's code) or the last round's
+      "cohort".
     **options: the baselines' options; each algorithm takes those it has: prox_mu,
       ditto_lambda, apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda, flute_nc,
       flute_head_norm, flute_feature_norm, flute_server_lr, mtl_omega, babu_ft_body,
@@ -138,4 +140,5 @@ def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
                        head_epochs=head_epochs, batch_size=batch_size,
                        client_group=client_group, ft_epochs=ft_epochs,
                        local_steps=local_steps, cohort_groups=cohort_groups,
-                       devices=devices, head_first=head_first, **options)
+                       devices=devices, head_first=head_first, eval_clients=eval_clients,
+                       **options)

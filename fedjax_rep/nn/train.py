@@ -153,11 +153,12 @@ def sgd_epochs_from(loss_fn: Callable, params, opt_state, x: jax.Array, y: jax.A
   return params, opt_state, total / jnp.maximum(real_steps, 1.0)
 
 
-def accuracy(logits: jax.Array, labels: jax.Array, count: jax.Array) -> jax.Array:
-  """Fraction of the first `count` rows of logits [t, C] whose argmax is the label [t]."""
+def tested(logits: jax.Array, labels: jax.Array, count: jax.Array):
+  """(accuracy [], hits []) of the first `count` rows of logits [t, C]: hits (int32) are the
+  rows whose argmax is the label [t], the accuracy hits / count (0 where count is 0)."""
   real = jnp.arange(labels.shape[0]) < count
-  hits = (jnp.argmax(logits, axis=-1) == labels) & real
-  return jnp.sum(hits) / jnp.maximum(count, 1)
+  hits = jnp.sum((jnp.argmax(logits, axis=-1) == labels) & real, dtype=jnp.int32)
+  return hits / jnp.maximum(count, 1), hits
 
 
 def client_map(fn: Callable, per_client, group: int | None):

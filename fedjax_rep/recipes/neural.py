@@ -9,6 +9,7 @@ import numpy as np
 from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import partition as partition_lib
+from fedjax_rep.nn import algorithm as nn_algorithm
 from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import family
 from fedjax_rep.nn import hparams as hparams_lib
@@ -20,6 +21,8 @@ from fedjax_rep.recipes import shared
 
 ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local")
 LAST_EVALUATIONS = 10  # the papers' accuracy: the mean over the last 10 evaluations
+# The statistic of a run's test accuracies that summaries report (then averaged over seeds).
+STATISTICS = ("last10", "last", "best")
 
 
 def partition(default="classes"):
@@ -62,6 +65,19 @@ def weight_decay(default=1e-4):
 def eval_every(default=5):
   return cfg.positive_int("evaluate test accuracy every this many rounds (and after the "
                           "last)", default)
+
+
+def eval_clients(default="all"):
+  return cfg.choice("whom each evaluation tests: every client (FedRep's code) or only the "
+                    "clients that trained in the round before it", default,
+                    nn_algorithm.EVAL_CLIENTS)
+
+
+def summary_statistic(default="last10"):
+  return cfg.choice(f"the statistic of each run's test accuracies that summary.csv, table1.csv "
+                    f"and the figure report, then averaged over seeds: the mean of the last "
+                    f"{LAST_EVALUATIONS} evaluations (the papers'; all where fewer), the last "
+                    f"evaluation, or the best", default, STATISTICS)
 
 
 def client_group(default=10):
@@ -109,6 +125,8 @@ class Training(placement.Placement):
   momentum: float = momentum()
   weight_decay: float = weight_decay()
   eval_every: int = eval_every()
+  eval_clients: str = eval_clients()
+  summary: str = summary_statistic()
   seed: int = cfg.seed()
   client_group: int = client_group()
   precision: str = precision()
@@ -170,16 +188,16 @@ def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_e
 
 
 def algorithm(name, config, model, num_clients):
-  """Algorithm `name` with its structure, options, placement (devices, cohort groups) and
-  the structure of its conventions (FLUTE*'s order) from `config`, for num_clients
-  clients."""
+  """Algorithm `name` with its structure, options, placement (devices, cohort groups),
+  whom it evaluates (eval_clients) and the structure of its conventions (FLUTE*'s order)
+  from `config`, for num_clients clients."""
   options = {k: getattr(config, k) for k in nn_registry.OPTIONS if hasattr(config, k)}
   return nn_registry.make_algorithm(
       name, model=model, cohort=cohort_size(num_clients, config.participation),
       local_epochs=config.local_epochs, head_epochs=config.head_epochs,
       batch_size=config.batch_size, client_group=config.client_group,
       ft_epochs=config.head_epochs, head_first=resolved_conventions(config).head_first(),
-      **placement.keywords(config), **options)
+      eval_clients=config.eval_clients, **placement.keywords(config), **options)
 
 
 def shared_program(config, own, own_hparams, peers, data) -> tuple:
@@ -220,23 +238,32 @@ def runs(result, start: int, stop: int) -> dict:
 
 def rows(name, seed_values, result, **columns):
   """metrics.csv rows of one algorithm: every round has train_loss; the evaluated rounds
-  also test_accuracy and test_accuracy_std."""
+  also the evaluation's metrics (`nn.algorithm.accuracy_metrics`: test_accuracy,
+  test_accuracy_weighted, test_accuracy_std, test_accuracy_p10, test_clients, an integer)."""
   out = shared.round_rows(name, seed_values, result["metrics"], **columns)
   rounds = result["metrics"]["train_loss"].shape[1]
   for e, t in enumerate(np.asarray(result["eval_rounds"])):
     for s in range(len(seed_values)):
       row = out[s * rounds + int(t) - 1]
-      row.update({k: float(v[s, e]) for k, v in result["eval"].items()})
+      row.update({k: np.asarray(v)[s, e].item() for k, v in result["eval"].items()})
   return out
 
 
-def summary(metrics_rows, algorithms_order, last=LAST_EVALUATIONS):
+def run_statistic(accuracies: list[float], statistic: str) -> float:
+  """`statistic` (one of STATISTICS) of a run's test accuracies in round order: the mean of
+  the last LAST_EVALUATIONS (all where fewer), the last, or the largest."""
+  if statistic == "best":
+    return float(np.max(accuracies))
+  return float(np.mean(accuracies[-(1 if statistic == "last" else LAST_EVALUATIONS):]))
+
+
+def summary(metrics_rows, algorithms_order, statistic: str = "last10"):
   """Per algorithm: the mean over the seeds whose run did not diverge (and its std) of each
-  seed's mean test accuracy over its last `last` evaluations (all of them where a run has
-  fewer), as the papers report (NaN where every run diverged); `seeds` is how many seeds
-  were averaged, `diverged` how many were left out because their run diverged (a
-  `diverged_round` in its rows), `last_evaluations` how many evaluations were averaged (0
-  where none was)."""
+  seed's `run_statistic` of its test accuracies (default: the mean of its last 10
+  evaluations, as the papers report; NaN where every run diverged); `statistic` says which
+  (`statistic_text`), `last_evaluations` how many evaluations it was taken over (the fewest
+  of any seed; 0 where none was), `seeds` how many seeds were averaged and `diverged` how
+  many were left out because their run diverged (a `diverged_round` in its rows)."""
   table = []
   for name in algorithms_order:
     per_seed, diverged = {}, set()
@@ -245,21 +272,34 @@ def summary(metrics_rows, algorithms_order, last=LAST_EVALUATIONS):
         diverged.add(r["seed"])
       elif r["algorithm"] == name and r.get("test_accuracy") is not None:
         per_seed.setdefault(r["seed"], []).append((r["round"], r["test_accuracy"]))
-    finals = [np.mean([a for _, a in sorted(v)[-last:]]) for v in per_seed.values()]
+    finals = [run_statistic([a for _, a in sorted(v)], statistic) for v in per_seed.values()]
+    evaluations = min(map(len, per_seed.values()), default=0)
+    nan = float("nan")
     table.append({"algorithm": name,
-                  "test_accuracy": float(np.mean(finals)) if finals else float("nan"),
-                  "test_accuracy_std_over_seeds": float(np.std(finals)) if finals
-                  else float("nan"),
+                  "test_accuracy": float(np.mean(finals)) if finals else nan,
+                  "test_accuracy_std_over_seeds": float(np.std(finals)) if finals else nan,
+                  "statistic": statistic_text(statistic, evaluations),
                   "seeds": len(finals), "diverged": len(diverged),
-                  "last_evaluations": min([last, *map(len, per_seed.values())])
-                  if per_seed else 0})
+                  "last_evaluations": min({"last10": LAST_EVALUATIONS, "last": 1,
+                                           "best": evaluations}[statistic], evaluations)})
   return table
 
 
-def averaged_text(rows, last=LAST_EVALUATIONS) -> str:
-  """What a summary of `rows` averages, for a figure's title: "mean of the last 10
-  evaluations", or of all of them where the runs have `last` or fewer."""
-  evaluations = len({r["round"] for r in rows if r.get("test_accuracy") is not None})
-  if evaluations > last:
-    return f"mean of the last {last} evaluations"
+def statistic_text(statistic: str, evaluations: int) -> str:
+  """Words for `statistic` of runs of `evaluations` evaluations: "mean of the last 10
+  evaluations" (or "mean of all 3 evaluations" where there are 10 or fewer), "last
+  evaluation", "best of 12 evaluations"."""
+  if statistic == "last":
+    return "last evaluation"
+  if statistic == "best":
+    return f"best of {evaluations} evaluations"
+  if evaluations > LAST_EVALUATIONS:
+    return f"mean of the last {LAST_EVALUATIONS} evaluations"
   return f"mean of all {evaluations} evaluations"
+
+
+def averaged_text(rows, statistic: str = "last10") -> str:
+  """What a summary of `rows` reports, for a figure's title (`statistic_text`), e.g. "mean
+  of the last 10 evaluations"."""
+  evaluations = len({r["round"] for r in rows if r.get("test_accuracy") is not None})
+  return statistic_text(statistic, evaluations)

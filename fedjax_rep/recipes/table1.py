@@ -193,13 +193,14 @@ def shard_run(config: ShardConfig, seeds, unit, progress, arrays, model) -> list
 
 def table(rows, config, dataset: str, settings: list[dict], paper: dict = PAPER) -> list[dict]:
   """table1.csv: per setting and algorithm, the measured test accuracy (the mean over
-  seeds of each seed's mean over its last 10 evaluations, or all where fewer, and its std
-  over seeds) beside the paper's (`paper`, default FedRep Table 1; empty where the paper
-  has none)."""
+  seeds of each seed's config.summary statistic, by default its mean over its last 10
+  evaluations, or all where fewer, and its std over seeds; `neural.summary`, whose
+  `statistic` column names it) beside the paper's (`paper`, default FedRep Table 1; empty
+  where the paper has none)."""
   out = []
   for setting in settings:
     selected = plotting.select(rows, **setting)
-    for entry in common.summary(selected, config.algorithms):
+    for entry in common.summary(selected, config.algorithms, config.summary):
       value = paper_accuracy(dataset, setting, entry["algorithm"], paper)
       out.append({**setting, **entry, "paper_test_accuracy": "" if value is None else value})
   return out
@@ -216,8 +217,8 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
   """One panel per setting (and per combination of a --grid: rows with a `grid` column): a
   horizontal bar per algorithm (measured accuracy, its std over seeds as an error bar) with
   the paper's value as a red diamond where it has one; `title`, and below it the
-  conventions (`neural.conventions_text`) and what the bars average
-  (`neural.averaged_text`), above the panels."""
+  conventions (`neural.conventions_text`) and the statistic the bars show
+  (`neural.averaged_text` of config.summary), above the panels."""
   grids = list(dict.fromkeys(r["grid"] for r in rows if "grid" in r))
   if grids:
     settings = [{**setting, "grid": label} for setting in settings for label in grids]
@@ -244,5 +245,5 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
   swept = any(f"{key}=" in label for label in grids
               for key in ("conventions", *conventions_lib.KNOBS))
   conventions = "conventions as each panel says" if swept else common.conventions_text(config)
-  fig.suptitle(f"{title}\n{conventions}; {common.averaged_text(rows)}")
+  fig.suptitle(f"{title}\n{conventions}; {common.averaged_text(rows, config.summary)}")
   plotting.save(fig, file)

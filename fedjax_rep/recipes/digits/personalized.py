@@ -88,7 +88,7 @@ def plot(rows, config: Config, file) -> None:
 
 
 def summarize(rows, config: Config):
-  return common.summary(rows, config.algorithms)
+  return common.summary(rows, config.algorithms, config.summary)
 
 
 RECIPE = register(Recipe(

@@ -201,7 +201,8 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
                                               head_epochs=config.head_epochs,
                                               batch_size=config.batch_size,
                                               client_group=config.client_group,
-                                              ft_epochs=config.head_epochs)
+                                              ft_epochs=config.head_epochs,
+                                              eval_clients=config.eval_clients)
             for inner in dict.fromkeys(ALGORITHMS[name][0] for name in names)}
   results = {}
   for inner in inners:  # one program for all of them where they share it (`nn.family`)
@@ -264,7 +265,7 @@ def summarize(rows, config: Config) -> list[dict]:
       for comm_cost in config.comm_costs:
         selected = plotting.select(rows, speed_model=speed, participation=participation,
                                    comm_cost=comm_cost)
-        entries = common.summary(selected, algorithm_names(config))
+        entries = common.summary(selected, algorithm_names(config), config.summary)
         for entry in entries:
           runs = plotting.select(selected, algorithm=entry["algorithm"], round=1)
           reached = [r for r in runs if np.isfinite(r["time_to_target"])]
