@@ -241,7 +241,9 @@ def test_new_clients_fit_a_head_on_the_learned_body():
     new_head, _ = jax.jit(algorithm.train_head, static_argnums=7)(
         body, head, new_data.x[i], new_data.y[i], new_data.counts[i], keys[i], HP, 2)
     logits = algorithm.logits(params_lib.merge(body, new_head), new_data.x_test[i])
-    expected.append(train.accuracy(logits, new_data.y_test[i], new_data.test_counts[i]))
+    count = int(new_data.test_counts[i])
+    expected.append(np.mean(np.argmax(np.asarray(logits)[:count], -1)
+                            == np.asarray(new_data.y_test[i])[:count]))
   np.testing.assert_allclose(metrics["test_accuracy"], np.mean(expected), rtol=1e-6)
   with pytest.raises(ValueError, match="keeps body parameters personal"):
     make("lg-fedavg").new_clients(make("lg-fedavg").init(jax.random.key(0), new_data, HP),
