@@ -242,6 +242,7 @@ def test_the_issue_command_says_each_diverged_run_on_stderr_and_records_nan(tmp_
   assert [r["algorithm"] for r in summary] == algorithms
   assert all(r["diverged"] == "3" and r["seeds"] == "0" and np.isnan(float(r["test_accuracy"]))
              for r in summary)
+  assert {r["statistic"] for r in summary} == {"no evaluation"}
   assert "nan" in captured.out  # the summary printed shows NaN, not an accuracy
 
 

@@ -288,7 +288,10 @@ def summary(metrics_rows, algorithms_order, statistic: str = "last10"):
 def statistic_text(statistic: str, evaluations: int) -> str:
   """Words for `statistic` of runs of `evaluations` evaluations: "mean of the last 10
   evaluations" (or "mean of all 3 evaluations" where there are 10 or fewer), "last
-  evaluation", "best of 12 evaluations"."""
+  evaluation", "best of 12 evaluations"; "no evaluation" where there is none (every run
+  diverged)."""
+  if evaluations == 0:
+    return "no evaluation"
   if statistic == "last":
     return "last evaluation"
   if statistic == "best":
