@@ -196,6 +196,21 @@ def test_figures_take_y_limits_from_runs_that_did_not_diverge():
   assert "\n" in fig.get_suptitle()
 
 
+def test_a_panel_whose_runs_all_diverged_before_a_finite_value_says_so():
+  """Every run NaN from its first round (as digits-personalized at lr=1e6): the panel says
+  there is nothing to draw and has no ticks; a panel with a finite value has no such text."""
+  rows = [{"algorithm": "a", "seed": seed, "round": t, "diverged_round": 1,
+           "y": np.nan, "z": 1.0 + t} for seed in range(2) for t in (1, 2)]
+  fig, axes = plotting.figure(2)
+  plotting.line(axes[0], rows, "round", "y", "A")
+  plotting.line(axes[1], rows, "round", "z", "A")
+  plotting.save(fig, io.BytesIO())
+  assert [t.get_text() for t in axes[0].texts] == [
+      "nothing to draw:\nevery run diverged before a finite value"]
+  assert not axes[0].yaxis.get_tick_params()["labelleft"]
+  assert len(axes[1].texts) == 0
+
+
 def test_each_diverged_run_is_named_by_its_algorithm_seed_setting_and_round():
   """fedrep-fig3's rows under --grid lr=0.1,1: num_clients is a setting column, lr is named
   by the grid label; one line per diverged run (its diverged round's row), none for a run

@@ -127,7 +127,15 @@ def _fit_diverged(ax) -> None:
   (diverged runs' curves were added outside it), or where no run of the panel is left
   (its data limits have no height), takes in the diverged runs' curves; then moves each
   divergence mark into the y-limits: a run that left them is marked at their edge, which
-  moves out by 6% of the axis (on its scale) to make room for the mark."""
+  moves out by 6% of the axis (on its scale) to make room for the mark. A panel of lines
+  that all diverged before a finite value says so in its middle, without ticks."""
+  drawn = [a for a in ax.lines if np.isfinite(np.asarray(a.get_ydata(), float)).any()]
+  if not drawn and any(DIVERGED_LABEL.match(str(a.get_label())) for a in ax.lines):
+    ax.text(0.5, 0.5, "nothing to draw:\nevery run diverged before a finite value",
+            transform=ax.transAxes, ha="center", va="center", fontsize=LABEL_SIZE)
+    ax.tick_params(which="both", left=False, bottom=False, labelleft=False,
+                   labelbottom=False)
+    return
   runs = [a for a in ax.lines if a.get_gid() == DIVERGED_RUN]
   if runs and not ax.dataLim.height > 0:
     for run in runs:
