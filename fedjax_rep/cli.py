@@ -153,6 +153,9 @@ def main(argv=None) -> int:
     recipe, what = _what_to_run(args)
     finished = args.resume and outputs.complete(args.resume)
     if finished:
+      # Every process of a job up (their collectives joined) before any ends: one that ends
+      # while another still connects takes the job's coordinator away from it.
+      distributed.barrier("fedjax-rep: a complete run")
       if distributed.is_writer():  # process 0 of a job reports it
         print(f"fedjax-rep: {args.resume} holds a complete run ({', '.join(finished)}): "
               f"nothing to resume, nothing written; to run it again: fedjax-rep run "
