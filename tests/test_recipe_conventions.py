@@ -59,9 +59,9 @@ def make(name, config):
 
 
 def test_what_reaches_the_engine():
-  """The authors' conventions: every flag for FLUTE* (and FLUTE*'s head-first field), all
-  but average_untrained for an algorithm whose code does not alias heads (Ditto); the
-  papers': no flag, FLUTE* joint-first."""
+  """The authors' conventions: every flag for FLUTE* (and FLUTE*'s head-first field); for
+  Ditto only those it declares (not FLUTE's feature_sum, nor average_untrained: its code
+  does not alias heads); the papers': no flag, FLUTE* joint-first."""
   config = recipe_config("flute-table1")
   flute_star, ditto = make("flute-star", config), make("ditto", config)
   assert flute_star.head_first
@@ -69,7 +69,7 @@ def test_what_reaches_the_engine():
       "feature_sum": 1.0, "average_untrained": 1.0, "no_bias_decay": 1.0,
       "uniform_average": 1.0}
   assert neural.resolved_conventions(config).options(ditto) == {
-      "feature_sum": 1.0, "no_bias_decay": 1.0, "uniform_average": 1.0}
+      "no_bias_decay": 1.0, "uniform_average": 1.0}
   paper = cfg.override(config, ["dataset=digits", "conventions=paper"])
   assert not make("flute-star", paper).head_first
   assert neural.resolved_conventions(paper).options(make("flute-star", paper)) == {}

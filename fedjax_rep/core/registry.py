@@ -15,12 +15,14 @@ FAMILIES = ("linear", "neural")
 @dataclasses.dataclass(frozen=True)
 class Entry:
   """A registered algorithm: `name` as listed; `pattern` (a regex) when the name carries a
-  number (e.g. r'(\\d*)gd-gd'); make(name, **structure) builds it."""
+  number (e.g. r'(\\d*)gd-gd'); make(name, **structure) builds it; `options`: the traced
+  options it declares (neural: `nn.hparams.Option`s)."""
   family: str
   name: str
   summary: str
   make: Callable
   pattern: str | None = None
+  options: tuple = ()
 
   def matches(self, name: str) -> bool:
     return name == self.name or bool(self.pattern and re.fullmatch(self.pattern, name))
@@ -30,8 +32,8 @@ ALGORITHMS: dict[str, dict[str, Entry]] = {family: {} for family in FAMILIES}
 
 
 def register(family: str, name: str, summary: str, make: Callable,
-             pattern: str | None = None) -> Entry:
-  entry = Entry(family, name, summary, make, pattern)
+             pattern: str | None = None, options: tuple = ()) -> Entry:
+  entry = Entry(family, name, summary, make, pattern, options)
   ALGORITHMS[family][name] = entry
   return entry
 

@@ -31,6 +31,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 from optax import tree_utils as otu
@@ -42,6 +43,7 @@ from fedjax_rep.core import sharding
 from fedjax_rep.core import struct
 from fedjax_rep.core import tree
 from fedjax_rep.nn import conventions
+from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import train
 from fedjax_rep.nn.hparams import NNHparams
@@ -99,9 +101,10 @@ class Personalized:
   cohort_groups: int | None = None
   devices: int | None = None
   eval_clients: str = "all"
-  # Whether the option `average_untrained` (`conventions`' starting_heads) applies: the
-  # algorithms whose authors' code lets untrained clients alias the global model.
-  averages_untrained: ClassVar[bool] = False
+  # The traced options every neural algorithm reads (`hparams.Option`; a subclass adds its
+  # own): the conventions' bias-decay and averaging flags.
+  options: ClassVar[tuple] = (conventions.FLAGS["no_bias_decay"],
+                              conventions.FLAGS["uniform_average"])
   # Compile the loop's programs for compile time on the CPU (`core.loop.QUICK_COMPILE`).
   quick_compile: ClassVar[bool] = True
 
@@ -176,12 +179,20 @@ class Personalized:
     """The checks of a run, before anything compiles (`core.checks`): the data's own
     (`ClientDatasets.check`, with labels below the classes the model's head outputs too),
     1 <= cohort <= num_clients, the sharding (`check_sharding`), eval_clients one of
-    EVAL_CLIENTS, and the option `average_untrained` only where it applies
-    (`averages_untrained`)."""
-    if AVERAGE_UNTRAINED in hparams.options and not self.averages_untrained:
+    EVAL_CLIENTS, and hparams' options only those this algorithm declares
+    (`hparams.declared`), each in its range."""
+    declared = hparams_lib.declared(self)
+    if AVERAGE_UNTRAINED in hparams.options and AVERAGE_UNTRAINED not in declared:
       raise ValueError(f"{self.name}: the option {AVERAGE_UNTRAINED} (starting_heads="
                        f"averaged) applies to FedRep, FedPer, LG-FedAvg and FLUTE, whose "
                        f"authors' code has it; leave it out for {self.name}")
+    for name, value in hparams.options.items():
+      if name not in declared:
+        raise ValueError(f"{self.name} takes no option {name!r}; its options: "
+                         f"{', '.join(sorted(declared))}")
+      if checks.concrete(value):
+        for v in np.ravel(np.asarray(value)):
+          declared[name].check(v.item())
     data.check(min(data.num_classes, getattr(self.model, "num_classes", data.num_classes)))
     checks.in_range("cohort", self.cohort, 1, data.num_clients, "the number of clients",
                     "sample at most that many clients per round")

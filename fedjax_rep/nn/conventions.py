@@ -36,6 +36,8 @@ is the same program as before these knobs); flute_star_order is structure (the
 
 import dataclasses
 
+from fedjax_rep.nn.hparams import Option, declared
+
 PAPER, AUTHORS = "paper", "authors"
 
 # knob -> (the papers' value, the authors' code's value)
@@ -64,6 +66,11 @@ HELP = {
 }
 
 
+# Traced flag -> its `Option` (declared by the algorithms that read it).
+FLAGS = {flag: Option(flag, 0.0, help=f"1: the authors' code's {knob} ({HELP[knob]})", flag=True)
+         for knob, flag in OPTIONS.items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class Conventions:
   """One value of each knob (see the module docstring); the defaults are "paper"'s."""
@@ -80,9 +87,10 @@ class Conventions:
   def options(self, algorithm=None) -> dict:
     """The `hparams.options` flags of these conventions: 1.0 for each traced knob with the
     authors' value (the paper's are absent: the engine's defaults); with `algorithm` (a
-    `Personalized`), average_untrained only where it takes it (`averages_untrained`)."""
-    knobs = [k for k in OPTIONS if self.authors(k) and not (
-        k == "starting_heads" and algorithm is not None and not algorithm.averages_untrained)]
+    `Personalized`), only those it declares (`hparams.declared`: average_untrained is
+    FedRep's, FedPer's, LG-FedAvg's and FLUTE's)."""
+    knobs = [k for k in OPTIONS if self.authors(k) and (
+        algorithm is None or OPTIONS[k] in declared(algorithm))]
     return {OPTIONS[k]: 1.0 for k in knobs}
 
   def head_first(self) -> bool:

@@ -31,13 +31,14 @@ import numpy as np
 
 from fedjax_rep.core import struct
 from fedjax_rep.nn import params as params_lib
+from fedjax_rep.nn import conventions
 from fedjax_rep.nn.algorithm import Personalized
 from fedjax_rep.nn.fedavg import FedAvg
 from fedjax_rep.nn.fedper import FedPer
 from fedjax_rep.nn.fedprox import FedProx
 from fedjax_rep.nn.fedrep import FedRep
 from fedjax_rep.nn.flute import Flute
-from fedjax_rep.nn.hparams import FT_EPOCHS, HEAD_EPOCHS, NNHparams
+from fedjax_rep.nn.hparams import FT_EPOCHS, HEAD_EPOCHS, NNHparams, epochs_option
 from fedjax_rep.nn.lg_fedavg import LGFedAvg
 from fedjax_rep.nn.local import Local
 from fedjax_rep.nn.scaffold import Scaffold
@@ -78,7 +79,7 @@ class Family(Personalized):
   ft_epochs are the most epochs any member runs in each phase (0: no member has that
   phase); its hparams must be `FamilyHparams`, with the option FT_EPOCHS where ft_epochs
   > 0."""
-  averages_untrained = True
+  options = (conventions.FLAGS["average_untrained"], epochs_option(FT_EPOCHS))
   head_epochs: int = 0
   ft_epochs: int = 0
   name: str = "family"

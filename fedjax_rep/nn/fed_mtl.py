@@ -51,6 +51,7 @@ from fedjax_rep.core import tree
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import train
 from fedjax_rep.nn.algorithm import Personalized
+from fedjax_rep.nn.hparams import Option
 
 EXCLUDED = "body/embed/"  # parameters outside W
 # What `client_update` finds in `shared`: 'cohort/<param>', the sum S of the cohort's
@@ -87,15 +88,18 @@ class FedMTL(Personalized):
     if self.mtl_omega not in OMEGAS:
       raise ValueError(f"mtl_omega must be one of {OMEGAS}, got {self.mtl_omega!r}")
 
+  options = (Option("mtl_lambda", None, help="Fed-MTL's regulariser weight (default: the "
+                                               "authors' scale 10^-f of the model's size)"),)
+
   def labels(self, flat):
     return params_lib.all_personal(flat)
 
   def check(self, data, hparams):
-    super().check(data, hparams)
     lam = hparams.options.get("mtl_lambda")
     if lam is not None and checks.concrete(lam) and not np.all(np.asarray(lam) >= 0):
       raise ValueError(f"mtl_lambda = {lam} is out of range: it must be finite and >= 0; "
                        f"pass hparams(..., mtl_lambda=...) >= 0, or none for the default")
+    super().check(data, hparams)
 
   def train_clients(self, state, key, data, hparams, rows, clients, mask=None):
     """The base's, with the sum S of the training clients' round-start models and their

@@ -12,13 +12,14 @@ import dataclasses
 
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn.algorithm import Personalized
-from fedjax_rep.nn.hparams import FT_EPOCHS
+from fedjax_rep.nn.hparams import FT_EPOCHS, epochs_option
 
 
 @dataclasses.dataclass(frozen=True)
 class FedAvg(Personalized):
   ft_epochs: int = 0
   name: str = "fedavg"
+  options = (epochs_option(FT_EPOCHS),)
 
   def labels(self, flat):
     return params_lib.all_shared(flat)

@@ -9,10 +9,11 @@ initial heads, count weighting and decay on every parameter.
 
 import dataclasses
 
+from fedjax_rep.nn import conventions
 from fedjax_rep.nn.algorithm import Personalized
 
 
 @dataclasses.dataclass(frozen=True)
 class FedPer(Personalized):
-  averages_untrained = True
+  options = (conventions.FLAGS["average_untrained"],)
   name: str = "fedper"

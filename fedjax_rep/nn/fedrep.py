@@ -20,12 +20,13 @@ import dataclasses
 import jax
 
 from fedjax_rep.nn import train
+from fedjax_rep.nn import conventions
 from fedjax_rep.nn.algorithm import Personalized
 
 
 @dataclasses.dataclass(frozen=True)
 class FedRep(Personalized):
-  averages_untrained = True
+  options = (conventions.FLAGS["average_untrained"],)
   head_epochs: int = 10
   name: str = "fedrep"
 

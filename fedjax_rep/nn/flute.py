@@ -49,7 +49,7 @@ from fedjax_rep.nn import conventions
 from fedjax_rep.nn import neural_collapse as nc
 from fedjax_rep.nn import train
 from fedjax_rep.nn.algorithm import Personalized
-from fedjax_rep.nn.hparams import HEAD_EPOCHS
+from fedjax_rep.nn.hparams import HEAD_EPOCHS, epochs_option
 
 KERNEL = "head/kernel"
 FEATURE_SUM = conventions.OPTIONS["feature_penalty"]
@@ -57,7 +57,8 @@ FEATURE_SUM = conventions.OPTIONS["feature_penalty"]
 
 @dataclasses.dataclass(frozen=True)
 class Flute(Personalized):
-  averages_untrained = True
+  options = (conventions.FLAGS["average_untrained"], conventions.FLAGS["feature_sum"],
+             epochs_option(HEAD_EPOCHS))
   head_epochs: int = 0
   flute_nc: float = 0.25
   flute_head_norm: float = 0.0025

@@ -11,12 +11,13 @@ count weighting and decay on every parameter.
 import dataclasses
 
 from fedjax_rep.nn import params as params_lib
+from fedjax_rep.nn import conventions
 from fedjax_rep.nn.algorithm import Personalized
 
 
 @dataclasses.dataclass(frozen=True)
 class LGFedAvg(Personalized):
-  averages_untrained = True
+  options = (conventions.FLAGS["average_untrained"],)
   shared_layers: int = 2
   name: str = "lg-fedavg"
 

@@ -3,6 +3,7 @@
 import dataclasses
 
 from fedjax_rep.core import registry
+from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn.apfl import APFL
 from fedjax_rep.nn.ditto import Ditto
 from fedjax_rep.nn.fed_mtl import FedMTL
@@ -35,56 +36,70 @@ def _maker(cls, **fixed):
   return make
 
 
-for _name, _summary, _make in [
+def register(name: str, summary: str, cls, **fixed) -> registry.Entry:
+  """Registers the neural algorithm class `cls` (a `Personalized` subclass) as `name`: built
+  by `make_algorithm(name, ...)` with the structure fields `cls` has, then `fixed`, and
+  listed by `fedjax-rep list` with its one-line `summary`; its declared options
+  (`hparams.declared`) become options `fr.nn_hparams` and the recipes' --set accept."""
+  return registry.register("neural", name, summary, _maker(cls, **fixed),
+                           options=tuple(hparams_lib.declared(cls).values()))
+
+
+def options() -> dict[str, hparams_lib.Option]:
+  """{name: Option} of every option a registered neural algorithm declares."""
+  return {o.name: o for entry in registry.ALGORITHMS["neural"].values() for o in entry.options}
+
+
+for _name, _summary, _cls, _fixed in [
     ("fedrep", "FedRep (Alg. 1): head epochs with the body frozen, then body epochs with the "
-     "head frozen; the server averages bodies, heads stay personal", _maker(FedRep)),
+     "head frozen; the server averages bodies, heads stay personal", FedRep, {}),
     ("fedper", "FedPer: body and head trained together; the server averages bodies, heads "
-     "stay personal", _maker(FedPer)),
+     "stay personal", FedPer, {}),
     ("lg-fedavg", "LG-FedAvg: local body, global head (the last two layers are averaged)",
-     _maker(LGFedAvg)),
+     LGFedAvg, {}),
     ("fedavg", "FedAvg: one global model, local epochs, count-weighted average",
-     _maker(FedAvg, ft_epochs=0)),
+     FedAvg, dict(ft_epochs=0)),
     ("fedavg-ft", "FedAvg + FT: FedAvg, then each client fine-tunes the head (10 epochs) "
-     "before it is tested", _maker(FedAvg)),
+     "before it is tested", FedAvg, {}),
     ("local", "local only: every client trains its own model, no communication",
-     _maker(Local)),
+     Local, {}),
     ("fedprox", "FedProx: FedAvg with a proximal term (prox_mu/2)||w - w_global||^2",
-     _maker(FedProx, ft_epochs=0)),
+     FedProx, dict(ft_epochs=0)),
     ("fedprox-ft", "FedProx + FT: FedProx, then each client fine-tunes the head before it is "
-     "tested", _maker(FedProx)),
+     "tested", FedProx, {}),
     ("scaffold", "SCAFFOLD: FedAvg with server and client control variates correcting "
-     "client drift", _maker(Scaffold, ft_epochs=0)),
+     "client drift", Scaffold, dict(ft_epochs=0)),
     ("scaffold-ft", "SCAFFOLD + FT: SCAFFOLD, then each client fine-tunes the head before it "
-     "is tested", _maker(Scaffold)),
+     "is tested", Scaffold, {}),
     ("ditto", "Ditto: FedAvg global model plus personal models pulled to it by "
-     "(ditto_lambda/2)||v - w||^2", _maker(Ditto)),
+     "(ditto_lambda/2)||v - w||^2", Ditto, {}),
     ("apfl", "APFL: personal model apfl_alpha*v + (1-apfl_alpha)*w of a local and the "
-     "global model", _maker(APFL)),
+     "global model", APFL, {}),
     ("per-fedavg", "Per-FedAvg (first-order MAML): a global model trained to do well after "
-     "one local step of maml_inner_lr", _maker(PerFedAvg)),
+     "one local step of maml_inner_lr", PerFedAvg, {}),
     ("l2gd", "L2GD: loopless local GD on personal models; averaging rounds with "
-     "probability l2gd_p, penalty l2gd_lambda", _maker(L2GD)),
+     "probability l2gd_p, penalty l2gd_lambda", L2GD, {}),
     ("fedavg-steps", "FedAvg with local_steps minibatch SGD steps per round (not epochs): "
-     "one global model", _maker(FedAvgSteps, ft_epochs=0)),
+     "one global model", FedAvgSteps, dict(ft_epochs=0)),
     ("d-sgd", "D-SGD (mini-batch SGD): FedAvg with one local step per round",
-     _maker(FedAvgSteps, ft_epochs=0, local_steps=1)),
+     FedAvgSteps, dict(ft_epochs=0, local_steps=1)),
     ("fedrod", "FedRoD: a generic model trained on the balanced softmax and averaged, plus a "
-     "personal head added to its logits", _maker(FedRoD)),
+     "personal head added to its logits", FedRoD, {}),
     ("fedbabu", "FedBABU: FedAvg on the body under a frozen random head; each client "
-     "fine-tunes the model (ft_epochs) before it is tested", _maker(FedBABU)),
+     "fine-tunes the model (ft_epochs) before it is tested", FedBABU, {}),
     ("fedrep-star", "FedRep* (FLUTE Sec. 7.2): FedRep with 10 head epochs per round",
-     _maker(FedRep, head_epochs=STAR_HEAD_EPOCHS)),
+     FedRep, dict(head_epochs=STAR_HEAD_EPOCHS)),
     ("flute", "FLUTE (Alg. 2, Eq. 10): body and head trained together on CE + feature, head "
      "and neural-collapse penalties; the server averages bodies, then one NC step on the "
-     "cohort's heads", _maker(Flute, head_epochs=0)),
+     "cohort's heads", Flute, dict(head_epochs=0)),
     ("flute-star", "FLUTE*: FLUTE's joint epochs, then 10 epochs of the head alone (body "
-     "frozen)", _maker(Flute, head_epochs=STAR_HEAD_EPOCHS)),
+     "frozen)", Flute, dict(head_epochs=STAR_HEAD_EPOCHS)),
     ("fed-mtl", "Fed-MTL: personal models trained on CE + lambda (||W||^2 + tr(W Omega W^T)) "
-     "of the cohort's models W; nothing averaged", _maker(FedMTL)),
+     "of the cohort's models W; nothing averaged", FedMTL, {}),
     ("fedcp", "FedCP: a conditional policy splits each sample's features between a "
-     "personal and a global head; body, global head and policy averaged", _maker(FedCP)),
+     "personal and a global head; body, global head and policy averaged", FedCP, {}),
 ]:
-  registry.register("neural", _name, _summary, _make)
+  register(_name, _summary, _cls, **_fixed)
 
 ALGORITHMS = registry.ALGORITHMS["neural"]
 # The baselines' hyperparameters, with their defaults (fields of the algorithms' classes).

@@ -161,9 +161,9 @@ def conventions_text(config) -> str:
 
 def hparams(config) -> hparams_lib.NNHparams:
   """The traced hyperparameters of `config`: lr, momentum, weight decay, and the algorithms'
-  traced options (`hparams.OPTIONS`) that config sets (None: the algorithm's default);
+  traced options (`nn.registry.options`) that config sets (None: the algorithm's default);
   not the conventions' flags, which depend on the algorithm (`shared_program`)."""
-  options = {k: getattr(config, k) for k in hparams_lib.OPTIONS
+  options = {k: getattr(config, k) for k in nn_registry.options()
              if getattr(config, k, None) is not None}
   return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay, **options)
 
@@ -202,12 +202,15 @@ def algorithm(name, config, model, num_clients):
 
 def shared_program(config, own, own_hparams, peers, data) -> tuple:
   """`family.program`'s (program, hparams) of algorithm `own` among `peers`, the hparams
-  with the flags of config's conventions that the program takes (`Conventions.options`);
-  data: the runs' ClientDatasets (x [runs, n, m, ...])."""
+  with the flags of config's conventions that the program takes (`Conventions.options`),
+  and of config's options only those the program declares (`hparams.declared`); data: the
+  runs' ClientDatasets (x [runs, n, m, ...])."""
   example = jax.ShapeDtypeStruct(data.x.shape[3:], data.x.dtype)  # one input, not sliced
   program, program_hparams = family.program(own, own_hparams, peers, example)
+  declared = hparams_lib.declared(program)
   return program, program_hparams.replace(options={
-      **program_hparams.options, **resolved_conventions(config).options(program)})
+      **{k: v for k, v in program_hparams.options.items() if k in declared},
+      **resolved_conventions(config).options(program)})
 
 
 def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress):
