@@ -10,7 +10,7 @@ import pytest
 import nn_reference as ref
 from test_nn_reference import (ATOL, HP, ROUNDS, RTOL, STRUCTURE, assert_states_close,
                                from_reference, initial_state, jitted, make, make_data,
-                               run_package, to_reference)
+                               run_package, server_and_shared, to_reference)
 
 # Decisive hyperparameters: each term moves the params far beyond the tolerance.
 OPTIONS = dict(prox_mu=0.5, ditto_lambda=0.5, apfl_alpha=0.3, maml_inner_lr=0.2,
@@ -94,11 +94,12 @@ def test_scaffold_server_control_is_the_mean_of_the_clients():
   algorithm = make_baseline("scaffold")
   state = algorithm.init(jax.random.key(0), data, HP)
   state, _ = run_package(algorithm, state, data, KEY, ROUNDS)
-  controls = [p for p in state.shared if p.startswith(ref.CONTROL)]
+  shared = server_and_shared(state)
+  controls = [p for p in shared if p.startswith(ref.CONTROL)]
   assert controls and set(controls) == set(state.personal)
   for p in controls:
-    assert np.abs(state.shared[p]).max() > 100 * ATOL, p
-    np.testing.assert_allclose(state.shared[p], np.mean(state.personal[p], axis=0),
+    assert np.abs(shared[p]).max() > 100 * ATOL, p
+    np.testing.assert_allclose(shared[p], np.mean(state.personal[p], axis=0),
                                rtol=RTOL, atol=ATOL, err_msg=p)
 
 

@@ -208,7 +208,8 @@ def client_update(algorithm, data, i=3, key=jax.random.key(5)):
   state = initial_state(algorithm, data)
   personal = jax.tree.map(lambda p: p[i], state.personal)
   return jitted(algorithm, "client_update")(state.shared, personal, data.x[i], data.y[i],
-                                            data.counts[i], key, HP)
+                                            data.counts[i], key, HP,
+                                            algorithm.round_info(state, data.num_clients))
 
 
 @pytest.mark.slow

@@ -37,7 +37,8 @@ def test_vmapped_local_training_equals_each_client_alone(group):
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, clients)
 
   def client(args):
-    return algorithm.client_update(state.shared, *args, HP)
+    return algorithm.client_update(state.shared, *args, HP,
+                                   algorithm.round_info(state, data.num_clients))
 
   together = jax.jit(lambda: train.client_map(
       client, (state.personal, data.x, data.y, data.counts, keys), group))()
@@ -55,8 +56,9 @@ def test_padding_does_not_change_a_clients_training():
   state = algorithm.init(jax.random.key(0), data, HP)
   i, key = 2, jax.random.key(5)
   personal = jax.tree.map(lambda p: p[i], state.personal)
+  info = algorithm.round_info(state, data.num_clients)
   update = jax.jit(lambda x, y: algorithm.client_update(state.shared, personal, x, y,
-                                                        data.counts[i], key, HP))
+                                                        data.counts[i], key, HP, info))
   x, y = data.x[i], data.y[i]
   pad = 9
   x_padded = jnp.concatenate([x, jnp.full((pad, *x.shape[1:]), 7.0)])  # junk, not zeros

@@ -56,9 +56,16 @@ def initial_state(algorithm, data):
   return state.replace(personal=personal)
 
 
+def server_and_shared(state) -> dict:
+  """A package state's shared params and, under 'control/<param>', SCAFFOLD's server
+  control variates (its server state), as the reference keeps them."""
+  controls = state.server.get("control", {})
+  return {**state.shared, **{ref.CONTROL + p: v for p, v in controls.items()}}
+
+
 def to_reference(state, num_clients):
   """(shared {name: float64}, personal [client i's {name: float64}]) of a package state."""
-  shared = {p: np.asarray(v, np.float64) for p, v in state.shared.items()}
+  shared = {p: np.asarray(v, np.float64) for p, v in server_and_shared(state).items()}
   personal = [{p: np.asarray(v[i], np.float64) for p, v in state.personal.items()}
               for i in range(num_clients)]
   return shared, personal
@@ -66,8 +73,12 @@ def to_reference(state, num_clients):
 
 def from_reference(state, shared, personal):
   """The package state `state` with the reference's params (as float32) in it."""
+  server = {"control": {p.removeprefix(ref.CONTROL): jnp.asarray(v, jnp.float32)
+                        for p, v in shared.items() if p.startswith(ref.CONTROL)}}
   return state.replace(
-      shared={p: jnp.asarray(v, jnp.float32) for p, v in shared.items()},
+      server=server if state.server else state.server,
+      shared={p: jnp.asarray(v, jnp.float32) for p, v in shared.items()
+              if not p.startswith(ref.CONTROL)},
       personal={p: jnp.asarray(np.stack([q[p] for q in personal]), jnp.float32)
                 for p in state.personal})
 
@@ -76,7 +87,8 @@ def assert_states_close(state, shared, personal):
   """`state`'s params equal the reference's `shared` (a dict) and `personal` (a dict per
   client, all with the same keys) to RTOL, ATOL."""
   stacked = jax.tree.map(lambda *q: np.stack(q), *personal)
-  chex.assert_trees_all_close((state.shared, state.personal), (shared, stacked), rtol=RTOL,
+  chex.assert_trees_all_close((server_and_shared(state), state.personal), (shared, stacked),
+                              rtol=RTOL,
                               atol=ATOL)
 
 

@@ -173,9 +173,9 @@ class UnsummedFedAvg(FedAvg):
   """FedAvg whose server step sums the cohort without `cohort_sum`: sharded, the devices
   would disagree on the shared params."""
 
-  def server_update(self, shared, sent, weights, num_clients):
+  def server_update(self, shared, sent, weights, hparams, info):
     return jax.tree.map(lambda u: jax.numpy.tensordot(weights, u, axes=1) / weights.sum(),
-                        {k: sent[k] for k in shared})
+                        {k: sent[k] for k in shared}), info.server
 
 
 def test_a_server_step_without_cohort_sum_refuses_devices():

@@ -9,26 +9,9 @@ parameters (stacked [n, ...], sampled or not), and `evaluate` each client on its
 set. Parameters are flat dicts split by a label tree (`params.py`): which are shared,
 which personal.
 
-To add an algorithm, write one short file:
-
-  @dataclasses.dataclass(frozen=True)
-  class MyAlg(Personalized):
-    name: str = "my-alg"
-
-    def labels(self, flat):                 # which params the server averages
-      return params.head_personal(flat)     # (or last_layers_shared(2), all_shared, ...)
-
-    def client_update(self, shared, personal, x, y, count, key, hparams):
-      ...                                   # a client's local training, from the server's
-      return new_shared, new_personal, loss # `shared` and its own `personal`
-
-    def eval_params(self, shared, personal, x, y, count, key, hparams):
-      ...                                   # optional: what the client is tested with
-
-and register it in `registry.py`. The helpers `self.sgd` (epochs of SGD on any loss of
-any subset of params), `self.train_head` (head epochs on features computed once) and
-`self.features` / `self.logits` / `self.head_logits` do the rest; see `fedrep.py` (two
-phases), `fedavg.py` (fine-tuning before evaluation) and `lg_fedavg.py` (another split).
-State beyond one model goes through `initial_parts` (Ditto, APFL: a second model per
-client; SCAFFOLD: control variates) and `server_update` (SCAFFOLD's control step).
+To add an algorithm, derive from `Personalized` (or a method close to yours) and override
+the hooks you need (`labels`, `client_update`, `server_update`, `eval_params`, the state's
+`initial_parts` and `initial_server`), declare its traced options (`options`) and register
+it with `registry.register` (`fr.register_algorithm`): docs/api.md's "Adding an
+algorithm" works two examples through.
 """

@@ -29,7 +29,7 @@ class APFL(Personalized):
     return jax.tree.map(lambda vi, wi: self.apfl_alpha * vi + (1 - self.apfl_alpha) * wi,
                         v, w)
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     def loss(params, xb, yb, wb, k):
       w, v = params
       key_w, key_v = jax.random.split(k)

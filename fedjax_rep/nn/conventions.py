@@ -36,6 +36,11 @@ is the same program as before these knobs); flute_star_order is structure (the
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
+
+from fedjax_rep.core import aggregate
+from fedjax_rep.core import tree
 from fedjax_rep.nn.hparams import Option, declared
 
 PAPER, AUTHORS = "paper", "authors"
@@ -123,3 +128,36 @@ def resolve(preset: str = PAPER, **knobs) -> Conventions:
   return dataclasses.replace(PRESETS[preset],
                              **{k: v for k, v in knobs.items() if v is not None})
 
+
+
+def client_weights(data, rows, hparams, mask=None) -> jax.Array:
+  """The server's weights [c] of the clients at rows `rows` [c] of `data`: their sample
+  counts, or 1 each with the flag uniform_average (averaging="uniform"); 0 where `mask`
+  [c] (bool; None: all) is False."""
+  weights = data.sample_counts(rows)
+  uniform = hparams.options.get(OPTIONS["averaging"])
+  if uniform is not None:
+    weights = jnp.where(uniform > 0, jnp.ones_like(weights), weights)
+  return weights if mask is None else jnp.where(mask, weights, 0.0)
+
+
+def start_untrained(state, clients, weights, mask, hparams, shares_params=True):
+  """After a round of clients `clients` [c] (those where `mask` [c] is True trained;
+  None: all) with the server's weights [c]: with the flag average_untrained set to 1
+  (starting_heads="averaged"), every client that has not trained yet takes as its personal
+  params their mean over the clients that trained (weighted by `weights`; nothing where
+  the weights sum to 0, or where `shares_params` (bool or bool []) is False), as in the
+  authors' code, where such a client's personal params are the global model's, which the
+  server overwrites with its averages of every parameter. `state` (an NNState) unchanged
+  without the flag."""
+  flag = hparams.options.get(OPTIONS["starting_heads"])
+  if flag is None:
+    return state
+  trained = jnp.ones(clients.shape, bool) if mask is None else mask
+  untrained = state.untrained.at[clients].set(state.untrained[clients] & ~trained)
+  sums, total = aggregate.weighted_sum(tree.gather(state.personal, clients), weights)
+  start = untrained & (flag > 0) & (total > 0) & shares_params
+  personal = jax.tree.map(
+      lambda p, s: jnp.where(start.reshape(-1, *[1] * (p.ndim - 1)), s, p),
+      state.personal, aggregate.mean(sums, total))
+  return state.replace(personal=personal, untrained=untrained)

@@ -23,7 +23,7 @@ class Ditto(Personalized):
   def initial_parts(self, flat):
     return flat, flat  # the global model, and every client's personal copy of it
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     key_global, key_personal = jax.random.split(key)
     global_model, _ = self.sgd(self.loss, shared, x, y, count, key_global, hparams,
                                self.local_epochs)

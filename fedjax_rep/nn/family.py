@@ -87,7 +87,7 @@ class Family(Personalized):
   def initial_parts(self, flat):
     return flat, flat
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     member = hparams.member
     flat = jax.tree.map(jnp.where, member.shared, shared, personal)
     key_head, key_body = jax.random.split(key)

@@ -101,7 +101,7 @@ class FedMTL(Personalized):
                        f"pass hparams(..., mtl_lambda=...) >= 0, or none for the default")
     super().check(data, hparams)
 
-  def train_clients(self, state, key, data, hparams, rows, clients, mask=None):
+  def train_clients(self, state, key, data, hparams, rows, clients, info, mask=None):
     """The base's, with the sum S of the training clients' round-start models and their
     number m handed to `client_update` in `shared` (COHORT, COHORT_SIZE)."""
     trains = jnp.ones(rows.shape) if mask is None else mask.astype(jnp.float32)
@@ -109,7 +109,7 @@ class FedMTL(Personalized):
     cohort = {**{COHORT + p: v for p, v in total.items()}, COHORT_SIZE: size}
     trained, sent, weights, losses = super().train_clients(
         state.replace(shared={**state.shared, **cohort}), key, data, hparams, rows, clients,
-        mask)
+        info, mask)
     return trained.replace(shared=state.shared), sent, weights, losses
 
   def regulariser(self, w: dict, others: dict, m, hparams):
@@ -120,7 +120,7 @@ class FedMTL(Personalized):
     return lam * ((1 + a) * otu.tree_norm(w, squared=True)
                   + b * otu.tree_norm(otu.tree_add(others, w), squared=True))
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     others = {p: shared[COHORT + p] - v for p, v in regularised(personal).items()}
     m = jnp.maximum(shared[COHORT_SIZE], 1.0)  # 0 only where every client is masked
 

@@ -69,7 +69,7 @@ class FedAvgSteps(FedAvg):
         or self.local_steps < 1:
       raise ValueError(f"local_steps must be an integer >= 1, got {self.local_steps!r}")
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     flat = params_lib.merge(shared, personal)
     trained, loss = sgd_steps(self.loss, flat, x, y, count, key, hparams,
                               steps=self.local_steps, batch_size=self.batch_size)

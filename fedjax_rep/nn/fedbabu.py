@@ -44,7 +44,7 @@ class FedBABU(FedAvg):
       raise ValueError(f"ft_epochs={self.ft_epochs!r} must be an integer >= 0: the epochs of "
                        f"fine-tuning before testing (0: test the global model)")
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     body, head = params_lib.split(shared, params_lib.head_personal(shared))
 
     def body_loss(params, xb, yb, wb, k):
@@ -53,10 +53,11 @@ class FedBABU(FedAvg):
     body, loss = self.sgd(body_loss, body, x, y, count, key, hparams, self.local_epochs)
     return body, personal, loss
 
-  def server_update(self, shared, sent, weights, num_clients):
+  def server_update(self, shared, sent, weights, hparams, info):
     """The count-weighted mean of the bodies the cohort sent; the head as it was."""
     body, _ = params_lib.split(shared, params_lib.head_personal(shared))
-    return {**shared, **super().server_update(body, sent, weights, num_clients)}
+    body, server = super().server_update(body, sent, weights, hparams, info)
+    return {**shared, **body}, server
 
   def eval_params(self, shared, personal, x, y, count, key, hparams):
     if not (self.babu_ft_body and self.ft_epochs):

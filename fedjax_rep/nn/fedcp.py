@@ -151,7 +151,7 @@ class FedCP(Personalized):
               + self.head_logits(renamed(flat, GLOBAL_HEAD, HEAD), h * global_mask, dropout))
     return logits, h
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     body, global_head = part(shared, BODY), part(shared, GLOBAL_HEAD)
     c = context(personal)  # the head's at the start of the round, fixed through it
 

@@ -17,7 +17,7 @@ class FedProx(FedAvg):
   prox_mu: float = 0.01
   name: str = "fedprox"
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     def loss(params, xb, yb, wb, k):
       prox = 0.5 * self.prox_mu * train.sq_distance(params, shared)
       return self.loss(params, xb, yb, wb, k) + train.gradient_only(prox)

@@ -30,7 +30,7 @@ class FedRep(Personalized):
   head_epochs: int = 10
   name: str = "fedrep"
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     key_head, key_body = jax.random.split(key)
     head, _ = self.train_head(shared, personal, x, y, count, key_head, hparams,
                               self.head_epochs)

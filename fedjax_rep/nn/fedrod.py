@@ -85,7 +85,7 @@ class FedRoD(Personalized):
   def initial_parts(self, flat):
     return flat, {PERSONAL + p: v for p, v in flat.items() if p.startswith("head/")}
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     counts = class_counts(y, count, shared["head/bias"].shape[-1])
 
     def loss(params, xb, yb, wb, k):

@@ -74,7 +74,7 @@ class Flute(Personalized):
     return self.flute_head_norm * jnp.sum(kernel * kernel) + self.flute_nc * nc.nc_term(
         kernel, classes)
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     classes = nc.class_mask(y, count, personal[KERNEL].shape[-1])
     key_joint, key_head = jax.random.split(key)
     feature_sum = hparams.options.get(FEATURE_SUM)

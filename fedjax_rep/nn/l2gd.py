@@ -65,7 +65,7 @@ class L2GD(Personalized):
 
       losses = train.client_map(client_loss, (models, clients), self.client_group)
       state_out = state.replace(personal=tree.scatter(state.personal, clients, moved))
-      return (self.record_cohort(state_out, clients, mask),
+      return (self.finish_round(state_out, clients, weights, mask, hparams),
               {"train_loss": aggregate.weighted_mean(losses, weights)})
 
     return jax.lax.cond(jax.random.uniform(key_coin) < self.l2gd_p, average, local, None)

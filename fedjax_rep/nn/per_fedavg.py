@@ -37,7 +37,7 @@ class PerFedAvg(Personalized):
     grads = jax.lax.stop_gradient(jax.grad(self.loss)(params, x, y, weights, key))
     return jax.tree.map(lambda p, g: p - self.maml_inner_lr * g, params, grads)
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
     half = self.batch_size // 2
 
     def loss(params, xb, yb, wb, k):

@@ -9,12 +9,13 @@ c <- c + sum_i (c_i+ - c_i) / n over the n clients. With `ft_epochs` > 0 (SCAFFO
 every client fine-tunes the head before it is tested. The reported loss is the
 cross-entropy (the correction adds to the gradient only).
 
-The state's shared dict holds the model and, under 'control/<param>', c; a client's
-personal dict holds its c_i under the same 'control/<param>' names.
+The server's c is its server state (`initial_server`: {'control': c}, one leaf per model
+param); a client's personal dict holds its c_i under 'control/<param>'.
 """
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 from fedjax_rep.nn import train
@@ -23,44 +24,39 @@ from fedjax_rep.nn.fedavg import FedAvg
 CONTROL = "control/"
 
 
-def model_part(flat: dict) -> dict:
-  """The model's params of a dict that may also hold control variates."""
-  return {p: v for p, v in flat.items() if not p.startswith(CONTROL)}
-
-
 @dataclasses.dataclass(frozen=True)
 class Scaffold(FedAvg):
   name: str = "scaffold"
 
   def initial_parts(self, flat):
-    zeros = {CONTROL + p: jnp.zeros_like(v) for p, v in flat.items()}
-    return {**flat, **zeros}, zeros
+    return flat, {CONTROL + p: jnp.zeros_like(v) for p, v in flat.items()}
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
-    model = model_part(shared)
-    correction = {p: shared[CONTROL + p] - personal[CONTROL + p] for p in model}
+  def initial_server(self, shared):
+    return {"control": jax.tree.map(jnp.zeros_like, shared)}
+
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
+    c = info.server["control"]
+    correction = {p: c[p] - personal[CONTROL + p] for p in shared}
 
     def loss(params, xb, yb, wb, k):
       linear = sum(jnp.vdot(params[p], correction[p]) for p in params)
       return self.loss(params, xb, yb, wb, k) + train.gradient_only(linear)
 
-    trained, mean_loss = self.sgd(loss, model, x, y, count, key, hparams, self.local_epochs)
+    trained, mean_loss = self.sgd(loss, shared, x, y, count, key, hparams, self.local_epochs)
     steps = jnp.maximum(self.local_epochs * jnp.ceil(count / self.batch_size), 1.0)
-    control = {CONTROL + p: personal[CONTROL + p] - shared[CONTROL + p]
-               + (model[p] - trained[p]) / (steps * hparams.lr) for p in model}
-    sent = {**trained, **{c: control[c] - personal[c] for c in control}}
-    return sent, control, mean_loss
+    control = {CONTROL + p: personal[CONTROL + p] - c[p]
+               + (shared[p] - trained[p]) / (steps * hparams.lr) for p in shared}
+    return (trained, {c: control[c] - personal[c] for c in control}), control, mean_loss
 
-  def server_update(self, shared, sent, weights, num_clients):
-    model = super().server_update(model_part(shared), model_part(sent), weights, num_clients)
-    controls = {c: sent[c] for c in shared if c.startswith(CONTROL)}
-    sums, _ = self.cohort_sum(controls, (weights > 0).astype(jnp.float32))
-    control = {c: shared[c] + sums[c] / num_clients for c in controls}
-    return {**model, **control}
+  def server_update(self, shared, sent, weights, hparams, info):
+    models, deltas = sent
+    shared, _ = super().server_update(shared, models, weights, hparams, info)
+    sums, _ = self.cohort_sum(deltas, (weights > 0).astype(jnp.float32))
+    c = info.server["control"]
+    return shared, {"control": {p: c[p] + sums[CONTROL + p] / info.num_clients for p in c}}
 
   def eval_params(self, shared, personal, x, y, count, key, hparams):
-    return super().eval_params(model_part(shared), {}, x, y, count, key, hparams)
+    return super().eval_params(shared, {}, x, y, count, key, hparams)
 
   def new_clients(self, state, data, hparams, key, epochs: int) -> dict:
-    state = state.replace(shared=model_part(state.shared), personal={})
-    return super().new_clients(state, data, hparams, key, epochs)
+    return super().new_clients(state.replace(personal={}), data, hparams, key, epochs)

@@ -9,7 +9,7 @@ import numpy as np
 from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import partition as partition_lib
-from fedjax_rep.nn import algorithm as nn_algorithm
+from fedjax_rep.nn import contract as nn_contract
 from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import family
 from fedjax_rep.nn import hparams as hparams_lib
@@ -70,7 +70,7 @@ def eval_every(default=5):
 def eval_clients(default="all"):
   return cfg.choice("whom each evaluation tests: every client (FedRep's code) or only the "
                     "clients that trained in the round before it", default,
-                    nn_algorithm.EVAL_CLIENTS)
+                    nn_contract.EVAL_CLIENTS)
 
 
 def summary_statistic(default="last10"):
