@@ -104,6 +104,8 @@ class Personalized:
   averages_untrained: ClassVar[bool] = False
   # Compile the loop's programs for compile time on the CPU (`core.loop.QUICK_COMPILE`).
   quick_compile: ClassVar[bool] = True
+  # The metric the loop's blow-up bound watches (`core.protocols.Algorithm`): train_loss.
+  tracked_metric: ClassVar[str | None] = None
 
   def labels(self, flat: dict) -> dict:
     """The label tree: FedRep and FedPer share the body and personalise the head."""
