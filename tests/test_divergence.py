@@ -3,6 +3,7 @@ diverged runs."""
 
 import dataclasses
 import io
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,8 @@ class Swing:
   """A toy algorithm whose loss the test sets round by round: state (x [], t []) from
   (1, 0); round t multiplies x by hparams[t % 2] (hparams [2]) and reports it as train_loss."""
   name: str = "swing"
+  quick_compile: ClassVar[bool] = False
+  tracked_metric: ClassVar[str | None] = None
 
   def init(self, key, data, hparams):
     del key, data, hparams

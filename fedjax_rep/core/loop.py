@@ -5,6 +5,7 @@ An algorithm follows `core.protocols.Algorithm`:
   init(key, data, hparams) -> state
   round(state, key, data, hparams) -> (state, metrics)   # metrics: dict of scalars
   evaluate(state, data, hparams) -> metrics               # optional (`Evaluated`)
+  quick_compile: bool, tracked_metric: str | None         # attributes (see below)
 
 Its fields are structure (sizes, step counts: static, part of the compiled program);
 `hparams` are traced numbers, so a sweep over them is a `vmap`, not a recompile.
@@ -15,19 +16,19 @@ those of `eval_every` and after the last round. The carried state is donated bet
 chunks (a state passed in by the caller is copied first, so it stays valid).
 
 A run diverges at the first round whose new state or metrics are not finite, or whose
-tracked metric (`algorithm.tracked_metric`, an optional attribute, where the round reports
-it, else train_loss) exceeds `blowup` times its magnitude at the run's first round (the
-reference, carried like the state, so a resumed run gives the same numbers). A diverged
-run keeps its state from before that round and reports NaN metrics from then on, in its
-rounds and in every evaluation after it (which `evaluate` runs on that kept state).
+tracked metric (`algorithm.tracked_metric` where the round reports it, else train_loss)
+exceeds `blowup` times its magnitude at the run's first round (the reference, carried like
+the state, so a resumed run gives the same numbers). A diverged run keeps its state from
+before that round and reports NaN metrics from then on, in its rounds and in every
+evaluation after it (which `evaluate` runs on that kept state).
 
-On the CPU, the programs of an algorithm with `quick_compile` set (an optional attribute; the
-neural algorithms set it) are compiled with `QUICK_COMPILE`: LLVM's optimisation level 1 and
-XLA:CPU's older fusion emitters, which compile them in about half the time and run their
-rounds as fast (docs/benchmarks.md), with numbers that differ from XLA's defaults by float32
-rounding. Other algorithms, and every algorithm on other platforms, get XLA's defaults.
-`jit_by_algorithm` jits any other program of an algorithm (e.g. a recipe's analysis) the same
-way.
+On the CPU, the programs of an algorithm with `quick_compile` set (the neural algorithms set
+it) are compiled with `QUICK_COMPILE`: LLVM's optimisation level 1 and XLA:CPU's older
+fusion emitters, which compile them in about half the time and run their rounds as fast
+(docs/benchmarks.md), with numbers that differ from XLA's defaults by float32 rounding.
+Other algorithms, and every algorithm on other platforms, get XLA's defaults.
+`jit_by_algorithm` jits any other program of an algorithm (e.g. a recipe's analysis) the
+same way.
 """
 
 import dataclasses
@@ -91,9 +92,9 @@ def all_finite(tree) -> jax.Array:
 
 
 def _tracked(algorithm, metrics):
-  """The metric [] that the blow-up bound watches: `algorithm.tracked_metric` (an optional
-  attribute) where the round reports it, else train_loss; None when it reports neither."""
-  for name in (getattr(algorithm, "tracked_metric", None), "train_loss"):
+  """The metric [] that the blow-up bound watches: `algorithm.tracked_metric` where the
+  round reports it, else train_loss; None when it reports neither."""
+  for name in (algorithm.tracked_metric, "train_loss"):
     if name in metrics:
       return metrics[name]
   return None
@@ -136,7 +137,7 @@ def compiler_options(algorithm, platform: str) -> dict | None:
   """The XLA compiler options of `algorithm`'s programs on `platform` (e.g. 'cpu'):
   `QUICK_COMPILE` on the CPU for an algorithm with `quick_compile` set, else None (XLA's
   defaults)."""
-  return QUICK_COMPILE if platform == "cpu" and getattr(algorithm, "quick_compile", False) else None
+  return QUICK_COMPILE if platform == "cpu" and algorithm.quick_compile else None
 
 
 def jit_by_algorithm(**jit_kwargs):

@@ -50,7 +50,12 @@ class Padded:
   @property
   def quick_compile(self) -> bool:
     """The inner algorithm's (`core.loop.compiler_options`)."""
-    return getattr(self.inner, "quick_compile", False)
+    return self.inner.quick_compile
+
+  @property
+  def tracked_metric(self) -> str | None:
+    """The inner algorithm's (the loop's blow-up bound)."""
+    return self.inner.tracked_metric
 
   def check(self, data: PaddedData, hparams) -> None:
     """The checks of a run, before anything compiles (`core.checks`): 1 <= cohort <= active

@@ -34,6 +34,12 @@ class ClientData(Protocol):
 class Algorithm(Protocol):
   """A federated algorithm: `init` and one `round` (see `core.loop`)."""
   name: str
+  quick_compile: bool
+  """Whether the loop's programs of this algorithm compile with `core.loop.QUICK_COMPILE` on
+  the CPU (the neural algorithms set it)."""
+  tracked_metric: str | None
+  """The metric that the loop's blow-up bound watches where the round reports it (None, or
+  a metric the round does not report: train_loss)."""
 
   def init(self, key: jax.Array, data: ClientData, hparams: Any) -> Any:
     """The initial state."""

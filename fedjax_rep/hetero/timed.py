@@ -75,12 +75,18 @@ class Timed:
   @property
   def quick_compile(self) -> bool:
     """The inner algorithm's (`core.loop.compiler_options`)."""
-    return getattr(self.inner, "quick_compile", False)
+    return self.inner.quick_compile
+
+  @property
+  def tracked_metric(self) -> str | None:
+    """The inner algorithm's (the loop's blow-up bound)."""
+    return self.inner.tracked_metric
 
   def __post_init__(self):
     if not isinstance(self.inner, MaskedAlgorithm):
-      raise TypeError(f"Timed needs an algorithm with masked_round (core.protocols."
-                      f"MaskedAlgorithm); {type(self.inner).__name__} has none")
+      raise TypeError(f"Timed needs a core.protocols.MaskedAlgorithm (with masked_round, "
+                      f"quick_compile and tracked_metric); {type(self.inner).__name__} is "
+                      f"not one")
 
   def check(self, data, hparams: TimedHparams) -> None:
     """The checks of a run, before anything compiles (`core.checks`): the inner algorithm's,

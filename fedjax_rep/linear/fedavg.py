@@ -8,6 +8,7 @@ fitted on the client's own data (FedAvg + head fine-tuning); otherwise every cli
 """
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -139,6 +140,10 @@ class FedAvg:
   head_fit: bool = False
   init_method: str = "moments"
   name: str = "fedavg"
+  # `core.protocols.Algorithm`: XLA's default compiler options; the blow-up bound watches
+  # train_loss.
+  quick_compile: ClassVar[bool] = False
+  tracked_metric: ClassVar[str | None] = None
 
   def __post_init__(self):
     checks.positive_ints("FedAvg", rep_dim=self.rep_dim, cohort=self.cohort,

@@ -17,6 +17,7 @@ of the statistics sampler, the round can run as one C++ kernel instead, when ask
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -99,6 +100,10 @@ class FedRep:
   devices: int | None = None
   client_groups: int | None = None
   kernel: str = "xla"
+  # `core.protocols.Algorithm`: XLA's default compiler options; the blow-up bound watches
+  # train_loss.
+  quick_compile: ClassVar[bool] = False
+  tracked_metric: ClassVar[str | None] = None
 
   def __post_init__(self):
     checks.positive_ints("FedRep", rep_dim=self.rep_dim, cohort=self.cohort)

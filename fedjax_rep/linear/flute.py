@@ -19,6 +19,7 @@ With eta_l = eta_r this is one gradient step on sum_i L_i + R. W = [w_1 .. w_M] 
 """
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -93,9 +94,11 @@ class Flute:
   rep_dim: int
   loss: str = "half-mean"
   name: str = "flute"
-  # The blow-up bound of the loop watches the model error: it measures the state after the
-  # round's update, while train_loss measures the one before it (a round late).
-  tracked_metric = "model_error"
+  # `core.protocols.Algorithm`: XLA's default compiler options. The blow-up bound of the
+  # loop watches the model error: it measures the state after the round's update, while
+  # train_loss measures the one before it (a round late).
+  quick_compile: ClassVar[bool] = False
+  tracked_metric: ClassVar[str | None] = "model_error"
 
   def __post_init__(self):
     if self.loss not in LOSSES:

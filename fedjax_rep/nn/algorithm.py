@@ -72,6 +72,8 @@ class Personalized(ModelSteps):
                               conventions.FLAGS["uniform_average"])
   # Compile the loop's programs for compile time on the CPU (`core.loop.QUICK_COMPILE`).
   quick_compile: ClassVar[bool] = True
+  # The metric the loop's blow-up bound watches (`core.protocols.Algorithm`): train_loss.
+  tracked_metric: ClassVar[str | None] = None
 
   # -- the hooks ---------------------------------------------------------------------------
   def labels(self, flat: dict) -> dict:
