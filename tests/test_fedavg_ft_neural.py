@@ -82,13 +82,14 @@ def reference_round(shared, key, data, hp, clients, steps):
 def test_client_steps_match_reference(i):
   data = make_data()
   algorithm = make(11)  # several epochs, crossing epoch boundaries
-  shared = algorithm.init(jax.random.key(0), data, HP).shared
+  state = algorithm.init(jax.random.key(0), data, HP)
+  shared, info = state.shared, algorithm.round_info(state, data.num_clients)
   key = jax.random.key(3)
   x, y, count = data.x[i], data.y[i], data.counts[i]
   junk = jnp.full((5, *x.shape[1:]), 7.0)  # padding past the real rows must not matter
   padded = (jnp.concatenate([x, junk]), jnp.concatenate([y, jnp.full((5,), 3, y.dtype)]))
   trained, personal, loss = jax.jit(algorithm.client_update)(shared, {}, *padded, count, key,
-                                                              HP)
+                                                              HP, info)
   expected, expected_loss = reference_steps(shared, np.asarray(x, np.float64), np.asarray(y),
                                             int(count), key, HP, 11, BATCH)
   assert personal == {}

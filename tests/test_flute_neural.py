@@ -236,7 +236,7 @@ def test_without_regularisers_flute_is_its_plain_schedule():
   i = 3
   plain_body, plain_head, plain_loss = jax.jit(fedper.client_update)(
       state.shared, jax.tree.map(lambda p: p[i], state.personal), data.x[i], data.y[i],
-      data.counts[i], key_joint, HP)
+      data.counts[i], key_joint, HP, fedper.round_info(state, data.num_clients))
   plain_head, _ = jax.jit(lambda: algorithm.train_head(
       plain_body, plain_head, data.x[i], data.y[i], data.counts[i], key_head, HP,
       STRUCTURE["head_epochs"]))()

@@ -129,8 +129,10 @@ def test_server_averages_only_the_shared_params_weighted_by_counts():
   key = jax.random.key(3)
   new, metrics = jax.jit(algorithm.masked_round)(state, key, data, HP, jnp.arange(6))
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(6))
+  info = algorithm.round_info(state, data.num_clients)
   per_client = [jax.jit(algorithm.client_update)(state.shared, {}, data.x[i], data.y[i],
-                                                 data.counts[i], keys[i], HP) for i in range(6)]
+                                                 data.counts[i], keys[i], HP, info)
+                for i in range(6)]
   weights = np.asarray(data.counts, np.float64) / float(np.sum(data.counts))
   expected = {p: sum(w * np.asarray(c[0][p]) for w, c in zip(weights, per_client))
               for p in state.shared}
@@ -221,7 +223,8 @@ def test_local_only_never_communicates():
                                                          jnp.arange(6))
   i = 4
   alone = jax.jit(algorithm.client_update)({}, jax.tree.map(lambda p: p[i], state.personal),
-                                           data.x[i], data.y[i], data.counts[i], keys[i], HP)[1]
+                                           data.x[i], data.y[i], data.counts[i], keys[i], HP,
+                                           algorithm.round_info(state, data.num_clients))[1]
   chex.assert_trees_all_close(jax.tree.map(lambda p: p[i], new.personal), alone, rtol=1e-5,
                               atol=1e-6)
 
