@@ -113,7 +113,8 @@ def client_bytes(alg, data, hparams) -> int:
   one = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
   compiled = jax.jit(alg.client_update).lower(
       state.shared, jax.tree.map(one, state.personal), one(data.x), one(data.y),
-      one(data.counts), jax.random.key(0), hparams).compile()
+      one(data.counts), jax.random.key(0), hparams,
+      alg.round_info(state, data.num_clients)).compile()
   stats = compiled.memory_analysis()
   return (stats.temp_size_in_bytes + stats.argument_size_in_bytes
           + stats.output_size_in_bytes)

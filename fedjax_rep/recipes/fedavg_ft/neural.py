@@ -144,7 +144,8 @@ def analyse(algorithm, model, probe_x, probe_y, new, hparams, keys, *, seen: int
     similarity = representation.class_cosine_similarity(algorithm.features(body, x), y,
                                                         num_classes)
     state = NNState(shared=model, personal={},  # FedAvg: nothing personal
-                    eval_key=jax.random.key_data(key))  # not used by new_clients
+                    eval_key=jax.random.key_data(key),  # not used by new_clients
+                    server={}, round=jnp.zeros((), jnp.int32))
     fine_tuned = jax.vmap(lambda d: algorithm.new_clients(state, d, hparams, key, epochs))(new)
     return {"similarity": similarity,
             "gap_seen": representation.similarity_gap(similarity[:seen, :seen]),
