@@ -31,6 +31,7 @@ steps more than the features). Both algorithms' final models are analysed by one
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core import loop
