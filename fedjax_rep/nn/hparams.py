@@ -13,7 +13,7 @@ from fedjax_rep.nn import conventions
 OPTIONS = {"mtl_lambda": "finite and >= 0 (Fed-MTL's regulariser weight)",
            **{flag: f"0 or 1 (1: the authors' code's {knob}; `conventions`)"
               for knob, flag in conventions.OPTIONS.items()}}
-# The options (int []) that `family.program` sets, so that variants of an algorithm that
+# The options (int []) that `program.program` sets, so that variants of an algorithm that
 # differ only in these epochs share one program: how many of its `ft_epochs` of fine-tuning
 # run before testing (FedAvg, FedProx, SCAFFOLD), of its `head_epochs` (FLUTE).
 FT_EPOCHS = "ft_epochs"

@@ -26,7 +26,8 @@ STAR_HEAD_EPOCHS = 10  # FLUTE's FedRep* and FLUTE*: 10 head epochs per round (S
 
 
 def _maker(cls, **fixed):
-  """make(name, **structure) of `cls`: the structure fields `cls` has, then `fixed`."""
+  """make(name, **structure) of `cls`: the structure fields `cls` has, then `fixed` (the
+  fields of `partial.PartialSharing` that an algorithm does not use are fixed at 0)."""
   names = {f.name for f in dataclasses.fields(cls)}
 
   def make(name, **structure):
@@ -37,25 +38,25 @@ def _maker(cls, **fixed):
 
 for _name, _summary, _make in [
     ("fedrep", "FedRep (Alg. 1): head epochs with the body frozen, then body epochs with the "
-     "head frozen; the server averages bodies, heads stay personal", _maker(FedRep)),
+     "head frozen; the server averages bodies, heads stay personal", _maker(FedRep, ft_epochs=0)),
     ("fedper", "FedPer: body and head trained together; the server averages bodies, heads "
-     "stay personal", _maker(FedPer)),
+     "stay personal", _maker(FedPer, head_epochs=0, ft_epochs=0)),
     ("lg-fedavg", "LG-FedAvg: local body, global head (the last two layers are averaged)",
-     _maker(LGFedAvg)),
+     _maker(LGFedAvg, head_epochs=0, ft_epochs=0)),
     ("fedavg", "FedAvg: one global model, local epochs, count-weighted average",
-     _maker(FedAvg, ft_epochs=0)),
+     _maker(FedAvg, head_epochs=0, ft_epochs=0)),
     ("fedavg-ft", "FedAvg + FT: FedAvg, then each client fine-tunes the head (10 epochs) "
-     "before it is tested", _maker(FedAvg)),
+     "before it is tested", _maker(FedAvg, head_epochs=0)),
     ("local", "local only: every client trains its own model, no communication",
-     _maker(Local)),
+     _maker(Local, head_epochs=0, ft_epochs=0)),
     ("fedprox", "FedProx: FedAvg with a proximal term (prox_mu/2)||w - w_global||^2",
-     _maker(FedProx, ft_epochs=0)),
+     _maker(FedProx, head_epochs=0, ft_epochs=0)),
     ("fedprox-ft", "FedProx + FT: FedProx, then each client fine-tunes the head before it is "
-     "tested", _maker(FedProx)),
+     "tested", _maker(FedProx, head_epochs=0)),
     ("scaffold", "SCAFFOLD: FedAvg with server and client control variates correcting "
-     "client drift", _maker(Scaffold, ft_epochs=0)),
+     "client drift", _maker(Scaffold, head_epochs=0, ft_epochs=0)),
     ("scaffold-ft", "SCAFFOLD + FT: SCAFFOLD, then each client fine-tunes the head before it "
-     "is tested", _maker(Scaffold)),
+     "is tested", _maker(Scaffold, head_epochs=0)),
     ("ditto", "Ditto: FedAvg global model plus personal models pulled to it by "
      "(ditto_lambda/2)||v - w||^2", _maker(Ditto)),
     ("apfl", "APFL: personal model apfl_alpha*v + (1-apfl_alpha)*w of a local and the "
@@ -65,15 +66,15 @@ for _name, _summary, _make in [
     ("l2gd", "L2GD: loopless local GD on personal models; averaging rounds with "
      "probability l2gd_p, penalty l2gd_lambda", _maker(L2GD)),
     ("fedavg-steps", "FedAvg with local_steps minibatch SGD steps per round (not epochs): "
-     "one global model", _maker(FedAvgSteps, ft_epochs=0)),
+     "one global model", _maker(FedAvgSteps, head_epochs=0, ft_epochs=0)),
     ("d-sgd", "D-SGD (mini-batch SGD): FedAvg with one local step per round",
-     _maker(FedAvgSteps, ft_epochs=0, local_steps=1)),
+     _maker(FedAvgSteps, head_epochs=0, ft_epochs=0, local_steps=1)),
     ("fedrod", "FedRoD: a generic model trained on the balanced softmax and averaged, plus a "
      "personal head added to its logits", _maker(FedRoD)),
     ("fedbabu", "FedBABU: FedAvg on the body under a frozen random head; each client "
-     "fine-tunes the model (ft_epochs) before it is tested", _maker(FedBABU)),
+     "fine-tunes the model (ft_epochs) before it is tested", _maker(FedBABU, head_epochs=0)),
     ("fedrep-star", "FedRep* (FLUTE Sec. 7.2): FedRep with 10 head epochs per round",
-     _maker(FedRep, head_epochs=STAR_HEAD_EPOCHS)),
+     _maker(FedRep, head_epochs=STAR_HEAD_EPOCHS, ft_epochs=0)),
     ("flute", "FLUTE (Alg. 2, Eq. 10): body and head trained together on CE + feature, head "
      "and neural-collapse penalties; the server averages bodies, then one NC step on the "
      "cohort's heads", _maker(Flute, head_epochs=0)),
