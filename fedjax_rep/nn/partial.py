@@ -25,13 +25,9 @@ from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn.algorithm import Personalized
 from fedjax_rep.nn.hparams import FT_EPOCHS, NNHparams
 
-# sharing -> the label rule of the parameters the server averages (`params`); "last-layers":
-# the last `shared_layers` layers.
-SHARING = {"body": lambda algorithm: params_lib.head_personal,
-           "all": lambda algorithm: params_lib.all_shared,
-           "none": lambda algorithm: params_lib.all_personal,
-           "last-layers": lambda algorithm: params_lib.last_layers_shared(
-               algorithm.shared_layers)}
+# The values of `sharing`: the server averages the body (the head personal), everything,
+# nothing, or the last `shared_layers` layers (`params`' label rules).
+SHARING = ("body", "all", "none", "last-layers")
 
 
 @struct.dataclass
@@ -79,7 +75,7 @@ def active_epochs(epochs):
 
 @dataclasses.dataclass(frozen=True)
 class PartialSharing(Personalized):
-  """Local SGD; the server averages the leaves that `sharing` (a key of SHARING) labels
+  """Local SGD; the server averages the leaves that `sharing` (one of SHARING) labels
   shared. head_phase: each client first trains its head alone for `head_epochs` (body
   frozen), then its body for `local_epochs` (head frozen); else all its parameters for
   `local_epochs`. ft_epochs: epochs of fine-tuning of the head before testing (0: none;
@@ -98,7 +94,12 @@ class PartialSharing(Personalized):
   name: str = "partial-sharing"
 
   def labels(self, flat):
-    return SHARING[self.sharing](self)(flat)
+    rules = {"body": params_lib.head_personal, "all": params_lib.all_shared,
+             "none": params_lib.all_personal,
+             "last-layers": params_lib.last_layers_shared(self.shared_layers)}
+    if self.sharing not in rules:
+      raise ValueError(f"sharing={self.sharing!r} must be one of {SHARING}")
+    return rules[self.sharing](flat)
 
   def member(self, flat: dict) -> Member:
     """This setting's choices (Python values) for params `flat` (or their shapes)."""
