@@ -20,8 +20,9 @@ import pytest
 
 import fedjax_rep as fr
 from fedjax_rep.core import sharding
-from fedjax_rep.nn import family
 from fedjax_rep.nn import hparams as hparams_lib
+from fedjax_rep.nn import partial
+from fedjax_rep.nn import program as nn_program
 from fedjax_rep.nn import registry
 import flute_reference as fref
 import nn_reference as ref
@@ -202,8 +203,8 @@ def test_a_family_member_with_the_authors_conventions_is_its_own_algorithm(name)
   hp = hparams(**AUTHORS)
   peers = [make(n) for n in ("fedrep", "fedper", "local")]
   algorithm = peers[0] if name == "fedrep" else peers[2]
-  program, member_hp = family.program(algorithm, hp, peers, data.x[0, 0])
-  assert isinstance(program, family.Family)
+  program, member_hp = nn_program.program(algorithm, hp, peers, data.x[0, 0])
+  assert isinstance(program, partial.PartialSharing)
   own_hp = hp if name == "fedrep" else hparams(
       **{k: v for k, v in AUTHORS.items() if k != "average_untrained"})
   own_state = initial(algorithm, data, own_hp)

@@ -1,13 +1,14 @@
-"""`nn.family`: one program runs FedRep, FedRep*, FedPer, LG-FedAvg, FedAvg, FedAvg-FT and
-local only with each one's own numbers, and compiles once for all of them; FedProx and
-SCAFFOLD share one with their "+ FT" variants, FLUTE with FLUTE*."""
+"""`nn.partial`, `nn.program`: one (traced) program runs FedRep, FedRep*, FedPer, LG-FedAvg,
+FedAvg, FedAvg-FT and local only with each one's own numbers, and compiles once for all of
+them; FedProx and SCAFFOLD share one with their "+ FT" variants, FLUTE with FLUTE*."""
 
 import jax
 import numpy as np
 import pytest
 
 import fedjax_rep as fr
-from fedjax_rep.nn import family
+from fedjax_rep.nn import partial
+from fedjax_rep.nn import program as nn_program
 from fedjax_rep.nn import train
 
 HP = fr.nn_hparams(lr=0.1, momentum=0.5, weight_decay=1e-3)
@@ -30,13 +31,13 @@ def make(name, **structure):
 def programs(data, names=NAMES):
   """{name: (its algorithm, the program that runs it, that program's hparams)}."""
   peers = [make(n) for n in names]
-  return {n: (a, *family.program(a, HP, peers, data.x[0, 0])) for n, a in zip(names, peers)}
+  return {n: (a, *nn_program.program(a, HP, peers, data.x[0, 0])) for n, a in zip(names, peers)}
 
 
 def test_every_member_runs_as_one_family_program():
   data = small_data()
   made = programs(data)
-  assert {type(p) for _, p, _ in made.values()} == {family.Family}
+  assert {type(p) for _, p, _ in made.values()} == {partial.SharedProgram}
   assert len({p for _, p, _ in made.values()}) == 1  # equal (hashable): one jit cache entry
   family_program = made["fedrep"][1]
   assert (family_program.local_epochs, family_program.head_epochs,
@@ -76,11 +77,11 @@ def test_an_algorithm_outside_the_family_or_alone_keeps_its_own_program():
   data = small_data()
   example = data.x[0, 0]
   fedprox, fedrep = make("fedprox"), make("fedrep")  # FedProx derives from FedAvg
-  assert family.program(fedprox, HP, [fedprox, fedrep], example) == (fedprox, HP)
-  assert family.program(fedrep, HP, [fedrep, fedprox], example) == (fedrep, HP)
+  assert nn_program.program(fedprox, HP, [fedprox, fedrep], example) == (fedprox, HP)
+  assert nn_program.program(fedrep, HP, [fedrep, fedprox], example) == (fedrep, HP)
   other_model = fr.make_neural_algorithm("fedper", model=fr.make_model("digits-cnn", 10),
                                          cohort=3)
-  assert family.program(fedrep, HP, [fedrep, other_model], example) == (fedrep, HP)
+  assert nn_program.program(fedrep, HP, [fedrep, other_model], example) == (fedrep, HP)
 
 
 @pytest.mark.parametrize("base,variant,field,most", [("fedprox", "fedprox-ft", "ft_epochs", 2),
@@ -89,7 +90,7 @@ def test_an_algorithm_outside_the_family_or_alone_keeps_its_own_program():
 def test_variants_that_differ_in_traced_epochs_share_one_program(base, variant, field, most):
   data = small_data()
   peers = [make(base), make(variant)]
-  made = [family.program(a, HP, peers, data.x[0, 0]) for a in peers]
+  made = [nn_program.program(a, HP, peers, data.x[0, 0]) for a in peers]
   assert made[0][0] == made[1][0] and getattr(made[0][0], field) == most
   assert made[0][0].name == f"{base}+{variant}"
   key = jax.random.key(5)
@@ -144,7 +145,7 @@ def test_preparing_a_neural_run_compiles_no_program(compiles):
   hp = fr.nn_hparams(lr=0.05, momentum=0.5, weight_decay=1e-4)
   peers = [make(n) for n in NAMES]
   example = jax.ShapeDtypeStruct(data.x.shape[3:], data.x.dtype)
-  made = [family.program(a, hp, peers, example) for a in peers]
+  made = [nn_program.program(a, hp, peers, example) for a in peers]
   assert compiles.count == 0, compiles.names
   assert data.x.shape[:2] == (2, 12) and isinstance(data.x, jax.Array)
   assert all(isinstance(leaf, jax.Array) for _, h in made for leaf in jax.tree.leaves(h))

@@ -13,6 +13,7 @@ from fedjax_rep.data.federated import client_datasets
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
 from fedjax_rep.nn import neural_collapse as nc
+from fedjax_rep.nn.algorithm import Personalized
 from fedjax_rep.nn.fedper import FedPer
 from fedjax_rep.nn.flute import Flute
 import flute_reference as fref
@@ -231,7 +232,7 @@ def test_without_regularisers_flute_is_its_plain_schedule():
   body, head, loss = client_update(algorithm, data)
   key_joint, key_head = jax.random.split(jax.random.key(5))
   fedper = FedPer(**{f.name: getattr(algorithm, f.name)
-                     for f in dataclasses.fields(FedPer) if f.name != "name"})
+                     for f in dataclasses.fields(Personalized) if f.name != "name"})
   state = initial_state(algorithm, data)
   i = 3
   plain_body, plain_head, plain_loss = jax.jit(fedper.client_update)(

@@ -5,27 +5,17 @@ Each sampled client trains the global model for `local_epochs`; the server avera
 client fine-tunes the head of the global model for `ft_epochs` on its own training data
 before it is tested; training is FedAvg's. The traced option `hparams.options[FT_EPOCHS]`
 (int [], at most `ft_epochs`), where present, sets how many of the `ft_epochs` run, so one
-program serves FedAvg and FedAvg-FT (`family.program`).
+program serves FedAvg and FedAvg-FT (`program.program`).
 """
 
 import dataclasses
 
-from fedjax_rep.nn import params as params_lib
-from fedjax_rep.nn.algorithm import Personalized
-from fedjax_rep.nn.hparams import FT_EPOCHS, epochs_option
+from fedjax_rep.nn.partial import PartialSharing
 
 
 @dataclasses.dataclass(frozen=True)
-class FedAvg(Personalized):
+class FedAvg(PartialSharing):
+  """`PartialSharing` that shares everything; ft_epochs > 0: FedAvg-FT."""
+  sharing: str = "all"
   ft_epochs: int = 0
   name: str = "fedavg"
-  options = (epochs_option(FT_EPOCHS),)
-
-  def labels(self, flat):
-    return params_lib.all_shared(flat)
-
-  def eval_params(self, shared, personal, x, y, count, key, hparams):
-    if not self.ft_epochs:
-      return shared
-    return self.head_trained(shared, x, y, count, key, hparams, self.ft_epochs,
-                             hparams.options.get(FT_EPOCHS))

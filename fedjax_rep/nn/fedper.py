@@ -10,10 +10,12 @@ initial heads, count weighting and decay on every parameter.
 import dataclasses
 
 from fedjax_rep.nn import conventions
-from fedjax_rep.nn.algorithm import Personalized
+from fedjax_rep.nn.partial import PartialSharing
 
 
 @dataclasses.dataclass(frozen=True)
-class FedPer(Personalized):
+class FedPer(PartialSharing):
+  """`PartialSharing` that shares the body, all parameters trained together."""
   options = (conventions.FLAGS["average_untrained"],)
+  sharing: str = "body"
   name: str = "fedper"

@@ -17,26 +17,16 @@ keeps moving by momentum and weight decay during the body epochs.
 
 import dataclasses
 
-import jax
-
-from fedjax_rep.nn import train
 from fedjax_rep.nn import conventions
-from fedjax_rep.nn.algorithm import Personalized
+from fedjax_rep.nn.partial import PartialSharing
 
 
 @dataclasses.dataclass(frozen=True)
-class FedRep(Personalized):
+class FedRep(PartialSharing):
+  """`PartialSharing` that shares the body, with FedRep's head phase (FedRep*: head_epochs
+  = 10, the registry's fedrep-star)."""
   options = (conventions.FLAGS["average_untrained"],)
+  sharing: str = "body"
+  head_phase: bool = True
   head_epochs: int = 10
   name: str = "fedrep"
-
-  def client_update(self, shared, personal, x, y, count, key, hparams, info):
-    key_head, key_body = jax.random.split(key)
-    head, _ = self.train_head(shared, personal, x, y, count, key_head, hparams,
-                              self.head_epochs)
-
-    def body_loss(body, xb, yb, wb, k):
-      return train.cross_entropy(self.head_logits(head, self.features(body, xb), k), yb, wb)
-
-    body, loss = self.sgd(body_loss, shared, x, y, count, key_body, hparams, self.local_epochs)
-    return body, head, loss

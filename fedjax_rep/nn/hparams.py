@@ -9,7 +9,7 @@ import numpy as np
 
 from fedjax_rep.core import struct
 
-# The options (int []) that `partial.program` sets, so that variants of an algorithm that
+# The options (int []) that `program.program` sets, so that variants of an algorithm that
 # differ only in these epochs share one program: how many of its `ft_epochs` of fine-tuning
 # run before testing (FedAvg, FedProx, SCAFFOLD), of its `head_epochs` (FLUTE).
 FT_EPOCHS = "ft_epochs"

@@ -10,16 +10,14 @@ count weighting and decay on every parameter.
 
 import dataclasses
 
-from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import conventions
-from fedjax_rep.nn.algorithm import Personalized
+from fedjax_rep.nn.partial import PartialSharing
 
 
 @dataclasses.dataclass(frozen=True)
-class LGFedAvg(Personalized):
+class LGFedAvg(PartialSharing):
+  """`PartialSharing` that shares the last `shared_layers` layers."""
   options = (conventions.FLAGS["average_untrained"],)
+  sharing: str = "last-layers"
   shared_layers: int = 2
   name: str = "lg-fedavg"
-
-  def labels(self, flat):
-    return params_lib.last_layers_shared(self.shared_layers)(flat)

@@ -6,13 +6,11 @@ see as many epochs as in the federated algorithms); there is no server step.
 
 import dataclasses
 
-from fedjax_rep.nn import params as params_lib
-from fedjax_rep.nn.algorithm import Personalized
+from fedjax_rep.nn.partial import PartialSharing
 
 
 @dataclasses.dataclass(frozen=True)
-class Local(Personalized):
+class Local(PartialSharing):
+  """`PartialSharing` that shares nothing."""
+  sharing: str = "none"
   name: str = "local"
-
-  def labels(self, flat):
-    return params_lib.all_personal(flat)

@@ -27,7 +27,8 @@ STAR_HEAD_EPOCHS = 10  # FLUTE's FedRep* and FLUTE*: 10 head epochs per round (S
 
 
 def _maker(cls, **fixed):
-  """make(name, **structure) of `cls`: the structure fields `cls` has, then `fixed`."""
+  """make(name, **structure) of `cls`: the structure fields `cls` has, then `fixed` (the
+  fields of `partial.PartialSharing` that an algorithm does not use are fixed at 0)."""
   names = {f.name for f in dataclasses.fields(cls)}
 
   def make(name, **structure):
@@ -52,25 +53,25 @@ def options() -> dict[str, hparams_lib.Option]:
 
 for _name, _summary, _cls, _fixed in [
     ("fedrep", "FedRep (Alg. 1): head epochs with the body frozen, then body epochs with the "
-     "head frozen; the server averages bodies, heads stay personal", FedRep, {}),
+     "head frozen; the server averages bodies, heads stay personal", FedRep, dict(ft_epochs=0)),
     ("fedper", "FedPer: body and head trained together; the server averages bodies, heads "
-     "stay personal", FedPer, {}),
+     "stay personal", FedPer, dict(head_epochs=0, ft_epochs=0)),
     ("lg-fedavg", "LG-FedAvg: local body, global head (the last two layers are averaged)",
-     LGFedAvg, {}),
+     LGFedAvg, dict(head_epochs=0, ft_epochs=0)),
     ("fedavg", "FedAvg: one global model, local epochs, count-weighted average",
-     FedAvg, dict(ft_epochs=0)),
+     FedAvg, dict(head_epochs=0, ft_epochs=0)),
     ("fedavg-ft", "FedAvg + FT: FedAvg, then each client fine-tunes the head (10 epochs) "
-     "before it is tested", FedAvg, {}),
+     "before it is tested", FedAvg, dict(head_epochs=0)),
     ("local", "local only: every client trains its own model, no communication",
-     Local, {}),
+     Local, dict(head_epochs=0, ft_epochs=0)),
     ("fedprox", "FedProx: FedAvg with a proximal term (prox_mu/2)||w - w_global||^2",
-     FedProx, dict(ft_epochs=0)),
+     FedProx, dict(head_epochs=0, ft_epochs=0)),
     ("fedprox-ft", "FedProx + FT: FedProx, then each client fine-tunes the head before it is "
-     "tested", FedProx, {}),
+     "tested", FedProx, dict(head_epochs=0)),
     ("scaffold", "SCAFFOLD: FedAvg with server and client control variates correcting "
-     "client drift", Scaffold, dict(ft_epochs=0)),
+     "client drift", Scaffold, dict(head_epochs=0, ft_epochs=0)),
     ("scaffold-ft", "SCAFFOLD + FT: SCAFFOLD, then each client fine-tunes the head before it "
-     "is tested", Scaffold, {}),
+     "is tested", Scaffold, dict(head_epochs=0)),
     ("ditto", "Ditto: FedAvg global model plus personal models pulled to it by "
      "(ditto_lambda/2)||v - w||^2", Ditto, {}),
     ("apfl", "APFL: personal model apfl_alpha*v + (1-apfl_alpha)*w of a local and the "
@@ -80,15 +81,15 @@ for _name, _summary, _cls, _fixed in [
     ("l2gd", "L2GD: loopless local GD on personal models; averaging rounds with "
      "probability l2gd_p, penalty l2gd_lambda", L2GD, {}),
     ("fedavg-steps", "FedAvg with local_steps minibatch SGD steps per round (not epochs): "
-     "one global model", FedAvgSteps, dict(ft_epochs=0)),
+     "one global model", FedAvgSteps, dict(head_epochs=0, ft_epochs=0)),
     ("d-sgd", "D-SGD (mini-batch SGD): FedAvg with one local step per round",
-     FedAvgSteps, dict(ft_epochs=0, local_steps=1)),
+     FedAvgSteps, dict(head_epochs=0, ft_epochs=0, local_steps=1)),
     ("fedrod", "FedRoD: a generic model trained on the balanced softmax and averaged, plus a "
      "personal head added to its logits", FedRoD, {}),
     ("fedbabu", "FedBABU: FedAvg on the body under a frozen random head; each client "
-     "fine-tunes the model (ft_epochs) before it is tested", FedBABU, {}),
+     "fine-tunes the model (ft_epochs) before it is tested", FedBABU, dict(head_epochs=0)),
     ("fedrep-star", "FedRep* (FLUTE Sec. 7.2): FedRep with 10 head epochs per round",
-     FedRep, dict(head_epochs=STAR_HEAD_EPOCHS)),
+     FedRep, dict(head_epochs=STAR_HEAD_EPOCHS, ft_epochs=0)),
     ("flute", "FLUTE (Alg. 2, Eq. 10): body and head trained together on CE + feature, head "
      "and neural-collapse penalties; the server averages bodies, then one NC step on the "
      "cohort's heads", Flute, dict(head_epochs=0)),

@@ -11,9 +11,9 @@ from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import contract as nn_contract
 from fedjax_rep.nn import conventions as conventions_lib
-from fedjax_rep.nn import family
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import params as params_lib
+from fedjax_rep.nn import program as program_lib
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import placement
@@ -201,12 +201,12 @@ def algorithm(name, config, model, num_clients):
 
 
 def shared_program(config, own, own_hparams, peers, data) -> tuple:
-  """`family.program`'s (program, hparams) of algorithm `own` among `peers`, the hparams
+  """`program.program`'s (program, hparams) of algorithm `own` among `peers`, the hparams
   with the flags of config's conventions that the program takes (`Conventions.options`),
   and of config's options only those the program declares (`hparams.declared`); data: the
   runs' ClientDatasets (x [runs, n, m, ...])."""
   example = jax.ShapeDtypeStruct(data.x.shape[3:], data.x.dtype)  # one input, not sliced
-  program, program_hparams = family.program(own, own_hparams, peers, example)
+  program, program_hparams = program_lib.program(own, own_hparams, peers, example)
   declared = hparams_lib.declared(program)
   return program, program_hparams.replace(options={
       **{k: v for k, v in program_hparams.options.items() if k in declared},
@@ -215,7 +215,7 @@ def shared_program(config, own, own_hparams, peers, data) -> tuple:
 
 def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress):
   """`trained_unit` of algorithm `name` (`algorithm`) for config.rounds rounds; run by the
-  program that it shares with the other members of `nn.family` in config.algorithms, when
+  program that it shares with the others of config.algorithms (`nn.program`), when
   there are any (one compilation for all of them), with the flags of config's conventions
   that the program takes."""
   peers = [algorithm(n, config, model, num_clients) for n in getattr(config, "algorithms", ())]

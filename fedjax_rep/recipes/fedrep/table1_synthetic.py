@@ -22,7 +22,7 @@ from fedjax_rep.recipes import table1
 from fedjax_rep.recipes.registry import Recipe, register
 
 DATASET = "synthetic"
-# --quick: the algorithms that share one program (`nn.family`), so it compiles once.
+# --quick: the algorithms that share one program (`nn.program`), so it compiles once.
 QUICK_ALGORITHMS = ("local", "fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedrep")
 
 

@@ -72,7 +72,7 @@ COLORS = {"fedrep": "tab:blue", "lg-fedavg": "tab:green", "fedavg-ft": "tab:red"
 QUICK_ALGORITHMS = ("srpfl", "fedrep", "lg-srpfl", "lg-fedavg", "flanp-ft", "fedavg-ft")
 # The sweep axes of a program's hparams (a pytree prefix): the schedules and costs, one per
 # run; the inner algorithm's hparams are the same for all runs (unbatched, so that the
-# conditionals of `nn.family` stay conditionals under the sweep's vmap).
+# conditionals of `nn.partial` stay conditionals under the sweep's vmap).
 SWEPT_SCHEDULES = timed.TimedHparams(inner=None, participants=0, comm_cost=0)
 
 # dataset -> its model, number of classes and the values of the fields left at 0
@@ -205,7 +205,7 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
                                               eval_clients=config.eval_clients)
             for inner in dict.fromkeys(ALGORITHMS[name][0] for name in names)}
   results = {}
-  for inner in inners:  # one program for all of them where they share it (`nn.family`)
+  for inner in inners:  # one program for all of them where they share it (`nn.program`)
     group = [name for name in names if ALGORITHMS[name][0] == inner]
     program, program_hparams = common.shared_program(config, inners[inner], inner_hparams,
                                                      list(inners.values()), datasets)
