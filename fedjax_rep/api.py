@@ -39,10 +39,11 @@ from fedjax_rep.linear.underparam import make_data as make_underparam_data
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.nn.algorithm import NNState, Personalized
 from fedjax_rep.nn.conventions import resolve as nn_conventions
-from fedjax_rep.nn.hparams import NNHparams
+from fedjax_rep.nn.hparams import NNHparams, Option
 from fedjax_rep.nn.hparams import hparams as nn_hparams
 from fedjax_rep.nn.models import MODELS, make_model
 from fedjax_rep.nn.registry import make_algorithm as make_neural_algorithm
+from fedjax_rep.nn.registry import register as register_algorithm
 from fedjax_rep.recipes import RECIPES, resolve, run_to_dir
 from fedjax_rep.recipes import run as run_recipe
 from fedjax_rep.recipes.config import ConfigError
