@@ -29,10 +29,10 @@ def _list(plugin_paths) -> None:
   `plugin_paths` too), then the participation schedules."""
   from fedjax_rep import api  # noqa: F401  registers every family's algorithms
   from fedjax_rep.core.registry import ALGORITHMS
-  from fedjax_rep.recipes import plugins
-  plugins.load_all(plugin_paths)
   from fedjax_rep.hetero.timed import SCHEDULES
+  from fedjax_rep.recipes import plugins
   from fedjax_rep.recipes.registry import all_recipes
+  plugins.load_all(plugin_paths)
   _section("recipes:", {name: recipe.summary for name, recipe in all_recipes().items()})
   for family, entries in ALGORITHMS.items():
     _section(f"{family} algorithms:", {name: entry.summary for name, entry in entries.items()})

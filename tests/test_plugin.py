@@ -101,6 +101,9 @@ def test_a_plugin_algorithm_runs_in_a_recipe_with_its_option(plugin, tmp_path, c
   assert cli.main(["run", "--from-config", str(out / "config.json"), "--out",
                    str(tmp_path / "again")]) == 2
   assert "changed since" in one_error_line(capsys)
+  assert cli.main(["run", *SMALL, "--plugin", str(plugin), "--set", "server_beta=0.5",
+                   "--out", str(out)]) == 2  # the same command: its parts are another code's
+  assert "a different configuration, seeds or grid (or plugins)" in one_error_line(capsys)
   plugin.unlink()
   assert cli.main(["run", "--resume", str(out)]) == 2
   assert f"ran with plugin {plugin}, which is missing" in one_error_line(capsys)

@@ -250,8 +250,8 @@ def override(config, items: typing.Sequence[str]):
     if key not in known:  # an option: checked once the fields say which algorithms run
       later[key] = text
       continue
-    config = dataclasses.replace(config, **{key: _parse(key, text, _check(config, key,
-                                                                           "--set"))})
+    config = dataclasses.replace(config, **{key: _parse(key, text,
+                                                         known[key].metadata["check"])})
   options = {key: _parse(key, text, _check(config, key, "--set"))
              for key, text in later.items()}
   return validate(with_options(config, options) if options else config)

@@ -183,10 +183,11 @@ def conventions_text(config) -> str:
 def hparams(config) -> hparams_lib.NNHparams:
   """The traced hyperparameters of `config`: lr, momentum, weight decay, and the algorithms'
   traced options (`nn.registry.options`) that config sets, as fields (None: the
-  algorithm's default) or in its `options` (--set NAME=VALUE); not the conventions' flags,
-  which depend on the algorithm (`shared_program`)."""
+  algorithm's default) or in its `options` (--set NAME=VALUE); not SET_BY_RECIPE (the
+  conventions' flags, which depend on the algorithm: `shared_program`; the epoch counts,
+  fields of the structure where config has them)."""
   options = {k: getattr(config, k) for k in nn_registry.options()
-             if getattr(config, k, None) is not None}
+             if k not in SET_BY_RECIPE and getattr(config, k, None) is not None}
   options.update(getattr(config, "options", ()))
   return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay, **options)
 

@@ -186,10 +186,12 @@ def mock_lines(recipe, config, grid) -> list[str]:
 
 def _figure_config(config, grid):
   """`config` as the figure sees the rows: each swept sequence field holds all its swept
-  values (e.g. fedrep-fig3's panels, one per num_clients); other fields are unchanged."""
+  values (e.g. fedrep-fig3's panels, one per num_clients); other fields (and options)
+  are unchanged."""
   known = cfg.fields(type(config))
-  return dataclasses.replace(config, **{key: values for key, values in grid.items()
-                                        if key in known and known[key].metadata["check"].sequence})
+  return dataclasses.replace(config, **{
+      key: values for key, values in grid.items()
+      if key in known and known[key].metadata["check"].sequence})
 
 
 def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(), grid=(),
