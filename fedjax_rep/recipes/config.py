@@ -174,8 +174,9 @@ def _check(config, key: str, option: str) -> Check:
     return known[key].metadata["check"]
   if key in options:
     return option_check(options[key])
-  also = (f"; options of the configured algorithms: {', '.join(sorted(options))}" if options
-          else "")
+  also = (f"; options of the algorithms in `algorithms`: {', '.join(sorted(options)) or 'none'}"
+          f" (another algorithm's are keys once it is in `algorithms`)"
+          if hasattr(config, "declared_options") else "")
   raise ConfigError(f"{option}: unknown configuration key {key!r}; valid keys: "
                     f"{', '.join(known)}{also}")
 
