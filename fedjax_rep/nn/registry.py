@@ -46,8 +46,9 @@ def register(name: str, summary: str, cls, **fixed) -> registry.Entry:
   (`hparams.declared`) become options `fr.nn_hparams` and the recipes' --set accept.
 
   Raises:
-    ValueError: `name` is registered already, but by the same class defined again outside
-      the package (a plugin file or a notebook cell run again: same module, same name).
+    ValueError: `name` is registered already, unless by the same class defined again
+      outside the package (a plugin file or a notebook cell run again: same module, same
+      class name), which replaces it.
   """
   previous = CLASSES.get(name)
   if previous is not None and not _same_user_class(previous, cls):
