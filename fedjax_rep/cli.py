@@ -24,11 +24,15 @@ def _section(title: str, summaries: dict[str, str]) -> None:
     print(f"  {name:<{width}}{summary}")
 
 
-def _list() -> None:
+def _list(plugin_paths) -> None:
+  """Prints the recipes, then each family's algorithms (those of the plugin files
+  `plugin_paths` too), then the participation schedules."""
   from fedjax_rep import api  # noqa: F401  registers every family's algorithms
   from fedjax_rep.core.registry import ALGORITHMS
   from fedjax_rep.hetero.timed import SCHEDULES
+  from fedjax_rep.recipes import plugins
   from fedjax_rep.recipes.registry import all_recipes
+  plugins.load_all(plugin_paths)
   _section("recipes:", {name: recipe.summary for name, recipe in all_recipes().items()})
   for family, entries in ALGORITHMS.items():
     _section(f"{family} algorithms:", {name: entry.summary for name, entry in entries.items()})
@@ -43,10 +47,18 @@ def _data() -> None:
           + (f"  get it: {how}" if how else ""))
 
 
+def _plugin_argument(parser) -> None:
+  parser.add_argument("--plugin", action="append", default=[], metavar="FILE",
+                      help="a Python file that registers algorithms with "
+                      "fr.register_algorithm, imported first (repeatable); its path and "
+                      "sha256 are recorded in config.json")
+
+
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="fedjax-rep", description=__doc__)
   commands = parser.add_subparsers(dest="command", required=True)
-  commands.add_parser("list", help="list recipes and algorithms, one line each")
+  listing = commands.add_parser("list", help="list recipes and algorithms, one line each")
+  _plugin_argument(listing)
   commands.add_parser("data", help="datasets: present or missing, where, how to get them")
   run = commands.add_parser(
       "run", help="run a recipe (every combination of its --grid) and write metrics.csv, "
@@ -57,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
   run.add_argument("recipe", nargs="?", default=None,
                    help=f"recipe name (default: {DEFAULT_RECIPE}); see `fedjax-rep list`")
   run.add_argument("--quick", action="store_true", help="shrunk version that runs in seconds")
+  _plugin_argument(run)
   run.add_argument("--seeds", type=int, default=None, help="number of seeds (run as one vmap)")
   run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a configuration field (repeatable, each key once; a list "
@@ -97,23 +110,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _what_to_run(args) -> tuple[str, dict]:
-  """(recipe, run_to_dir's keywords quick, seeds, overrides, grid, out) from the command
-  line, or from the config.json of --resume DIR (out = DIR) or --from-config PATH."""
+  """(recipe, run_to_dir's keywords quick, seeds, overrides, grid, out, plugins) from the
+  command line, or from the config.json of --resume DIR (out = DIR) or --from-config PATH."""
   from fedjax_rep.recipes import registry
   from fedjax_rep.recipes.config import ConfigError
   if not (args.resume or args.from_config):
     name = args.recipe or DEFAULT_RECIPE
     return name, {"quick": args.quick, "seeds": args.seeds, "overrides": args.overrides,
-                  "grid": args.grid, "out": args.out or registry.default_out(name)}
+                  "grid": args.grid, "out": args.out or registry.default_out(name),
+                  "plugins": args.plugin}
   option = "--resume" if args.resume else "--from-config"
   given = [flag for flag, value in (("a recipe name", args.recipe), ("--quick", args.quick),
                                     ("--seeds", args.seeds), ("--set", args.overrides),
-                                    ("--grid", args.grid),
+                                    ("--grid", args.grid), ("--plugin", args.plugin),
                                     ("--from-config", args.resume and args.from_config),
                                     ("--out", args.resume and args.out)) if value]
   if given:
-    raise ConfigError(f"{option} reads the recipe, seeds, configuration and grid from "
-                      f"config.json: do not also give {', '.join(given)}")
+    raise ConfigError(f"{option} reads the recipe, seeds, configuration, grid and plugins "
+                      f"from config.json: do not also give {', '.join(given)}")
   if args.resume:
     if not os.path.isfile(os.path.join(args.resume, "config.json")):
       problem = ("is not a run directory (no config.json in it)" if os.path.isdir(args.resume)
@@ -131,7 +145,12 @@ def _what_to_run(args) -> tuple[str, dict]:
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   if args.command == "list":
-    _list()
+    from fedjax_rep.recipes.plugins import PluginError
+    try:
+      _list(args.plugin)
+    except PluginError as error:
+      print(f"fedjax-rep: error: {error}", file=sys.stderr)
+      return 2
     return 0
   if args.command == "data":
     _data()

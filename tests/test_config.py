@@ -215,7 +215,8 @@ def test_placement_fields_are_listed_last():
   """Every recipe has devices and cohort_groups, listed after its own keys."""
   from fedjax_rep.recipes import config as cfg
   assert list(cfg.fields(type(fr.resolve("fedrep-fig3"))))[-2:] == ["devices", "cohort_groups"]
-  with pytest.raises(fr.ConfigError, match=r"valid keys: .*, devices, cohort_groups$"):
+  with pytest.raises(fr.ConfigError, match=r"valid keys: .*, devices, cohort_groups; "
+                                           r"options of the algorithms"):
     fr.resolve("digits-personalized", overrides=["no_such_key=1"])
 
 

@@ -37,13 +37,34 @@ def _maker(cls, **fixed):
   return make
 
 
+CLASSES: dict[str, type] = {}  # the class registered under each name
+
+
 def register(name: str, summary: str, cls, **fixed) -> registry.Entry:
   """Registers the neural algorithm class `cls` (a `Personalized` subclass) as `name`: built
   by `make_algorithm(name, ...)` with the structure fields `cls` has, then `fixed`, and
   listed by `fedjax-rep list` with its one-line `summary`; its declared options
-  (`hparams.declared`) become options `fr.nn_hparams` and the recipes' --set accept."""
+  (`hparams.declared`) become options `fr.nn_hparams` and the recipes' --set accept.
+
+  Raises:
+    ValueError: `name` is registered already, unless by the same class defined again
+      outside the package (a plugin file or a notebook cell run again: same module, same
+      class name), which replaces it.
+  """
+  previous = CLASSES.get(name)
+  if previous is not None and not _same_user_class(previous, cls):
+    raise ValueError(f"neural algorithm {name!r} is registered already (by "
+                     f"{previous.__module__}.{previous.__qualname__}); register "
+                     f"{cls.__qualname__} under another name")
+  CLASSES[name] = cls
   return registry.register("neural", name, summary, _maker(cls, **fixed),
                            options=tuple(hparams_lib.declared(cls).values()))
+
+
+def _same_user_class(previous: type, cls: type) -> bool:
+  """Whether `cls` is `previous` defined again by the same user module (not the package's)."""
+  return (previous.__module__, previous.__qualname__) == (cls.__module__, cls.__qualname__) \
+      and not cls.__module__.startswith("fedjax_rep.")
 
 
 def options() -> dict[str, hparams_lib.Option]:

@@ -4,6 +4,11 @@
 (which checks every combination of the sweep), and every configuration through `validate`,
 before anything is compiled: a bad key or value is a `ConfigError` that names the key,
 the value, the valid range and the valid keys.
+
+A configuration with a field `options` (a tuple of (name, value) pairs, not a key itself)
+and a method `declared_options()` ({name: `nn.hparams.Option`}) also takes as keys the
+traced options its algorithms declare: `--set server_beta=0.9` stores ("server_beta", 0.9)
+in `options`, each value checked by its Option.
 """
 
 import dataclasses
@@ -11,6 +16,7 @@ import itertools
 import math
 import re
 import typing
+from typing import Callable
 
 
 class ConfigError(ValueError):
@@ -19,23 +25,29 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-  """A valid range: numbers in [low, high] (open ends where `open_*`), or one of `choices`;
-  with `optional`, also None ('auto' on the command line: what `auto` says, by default the
-  algorithm's own default); with `words`, also these strings (e.g. devices=all)."""
+  """A valid range: numbers in [low, high] (open ends where `open_*`), or one of `choices`
+  (a tuple, or a function returning one when checked: e.g. the algorithms registered by
+  then); with `optional`, also None ('auto' on the command line: what `auto` says, by
+  default the algorithm's own default); with `words`, also these strings (e.g.
+  devices=all)."""
   kind: type
   low: float | None = None
   high: float | None = None
   open_low: bool = False
   open_high: bool = False
-  choices: tuple | None = None
+  choices: tuple | Callable[[], tuple] | None = None
   sequence: bool = False
   optional: bool = False
   words: tuple = ()
   auto: str = "the algorithm's default"
 
+  def valid_choices(self) -> tuple | None:
+    """The choices as of now (None: a range, not choices)."""
+    return self.choices() if callable(self.choices) else self.choices
+
   def describe(self) -> str:
     if self.choices is not None:
-      text = "one of " + ", ".join(map(str, self.choices))
+      text = "one of " + ", ".join(map(str, self.valid_choices()))
     else:
       low = "-inf" if self.low is None else f"{self.low:g}"
       high = "inf" if self.high is None else f"{self.high:g}"
@@ -55,7 +67,7 @@ class Check:
     if isinstance(value, str) and value in self.words:
       return True
     if self.choices is not None:
-      return value in self.choices
+      return value in self.valid_choices()
     if self.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
       return False
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
@@ -96,13 +108,37 @@ def fraction(help, default):
 
 
 def choice(help, default, choices, *, sequence=False):
-  return setting(default, Check(str, choices=tuple(choices), sequence=sequence), help)
+  """One of `choices` (a function returning them is called when a value is checked)."""
+  choices = choices if callable(choices) else tuple(choices)
+  return setting(default, Check(str, choices=choices, sequence=sequence), help)
 
 
 def fields(config_type) -> dict[str, dataclasses.Field]:
-  """{name: field} of `config_type`, those listed last (`setting`) after the others."""
+  """{name: field} of the keys of `config_type` (its fields made by `setting`; not
+  `options`), those listed last after the others."""
   return {f.name: f for f in sorted(dataclasses.fields(config_type),
-                                    key=lambda f: f.metadata.get("listed_last", False))}
+                                    key=lambda f: f.metadata.get("listed_last", False))
+          if "check" in f.metadata}
+
+
+def declared_options(config) -> dict:
+  """{name: Option} of the traced options that `config` takes as keys besides its fields
+  (`config.declared_options()`; {} for a configuration without)."""
+  return config.declared_options() if hasattr(config, "declared_options") else {}
+
+
+def with_options(config, values: dict):
+  """`config` with the traced options `values` ({name: number}) added to its `options`
+  (replacing those of the same name), sorted by name; not validated."""
+  merged = {**dict(config.options), **values}
+  return dataclasses.replace(config, options=tuple(sorted(merged.items())))
+
+
+def option_check(option) -> Check:
+  """The Check of the values of an `nn.hparams.Option`: its range (0 or 1 for a flag)."""
+  if option.flag:
+    return Check(float, choices=(0.0, 1.0))
+  return Check(float, low=option.low, high=None if math.isinf(option.high) else option.high)
 
 
 # A number as written on the command line (Python's float() also takes '1_000' and spaces).
@@ -128,12 +164,21 @@ def _parse_one(item: str, check: Check):
   return float(item)
 
 
-def _field(known: dict, key: str, option: str) -> dataclasses.Field:
-  """The field named `key` of `option` (--set or --grid), or a ConfigError listing the keys."""
-  if key not in known:
-    raise ConfigError(f"{option}: unknown configuration key {key!r}; valid keys: "
-                      f"{', '.join(known)}")
-  return known[key]
+def _check(config, key: str, option: str) -> Check:
+  """The Check of key `key` of `option` (--set or --grid): that of config's field, or of
+  an option config's algorithms declare (`option_check`); else a ConfigError listing the
+  keys and those options."""
+  known = fields(type(config))
+  options = declared_options(config)
+  if key in known:
+    return known[key].metadata["check"]
+  if key in options:
+    return option_check(options[key])
+  also = (f"; options of the algorithms in `algorithms`: {', '.join(sorted(options)) or 'none'}"
+          f" (another algorithm's are keys once it is in `algorithms`)"
+          if hasattr(config, "declared_options") else "")
+  raise ConfigError(f"{option}: unknown configuration key {key!r}; valid keys: "
+                    f"{', '.join(known)}{also}")
 
 
 def _items(items) -> list[str]:
@@ -195,16 +240,22 @@ def override(config, items: typing.Sequence[str]):
   """`config` with each 'KEY=VALUE' of `items` (a string is one item) applied, parsed by the
   field's type (`_parse`); a key given twice is a ConfigError."""
   known = fields(type(config))
-  changes, given = {}, {}
+  given, later = {}, {}
   for item in _items(items):
     key, text = _split(item, known, "--set")
-    check = _field(known, key, "--set").metadata["check"]
     if key in given:
+      sequence = key in known and known[key].metadata["check"].sequence
       raise ConfigError(f"{key} is given twice in --set ({given[key]} and {item}); give it "
-                        f"once, as --set {key}={'V1,V2,...' if check.sequence else 'VALUE'}")
+                        f"once, as --set {key}={'V1,V2,...' if sequence else 'VALUE'}")
     given[key] = item
-    changes[key] = _parse(key, text, check)
-  return validate(dataclasses.replace(config, **changes))
+    if key not in known:  # an option: checked once the fields say which algorithms run
+      later[key] = text
+      continue
+    config = dataclasses.replace(config, **{key: _parse(key, text,
+                                                         known[key].metadata["check"])})
+  options = {key: _parse(key, text, _check(config, key, "--set"))
+             for key, text in later.items()}
+  return validate(with_options(config, options) if options else config)
 
 
 def parse_grid(config, grid, overrides: typing.Sequence[str] = ()) -> dict[str, tuple]:
@@ -229,12 +280,11 @@ def parse_grid(config, grid, overrides: typing.Sequence[str] = ()) -> dict[str, 
     entries = []
     for item in _items(grid):
       key, text = _split(item, known, "--grid")
-      entries.append((key, _parse(key, text, _field(known, key, "--grid").metadata["check"],
-                                  "--grid"), text))
+      entries.append((key, _parse(key, text, _check(config, key, "--grid"), "--grid"), text))
   fixed = {_split(item, known, "--set")[0] for item in _items(overrides)}
   swept = {}
   for key, values, text in entries:
-    each = dataclasses.replace(_field(known, key, "--grid").metadata["check"], sequence=False)
+    each = dataclasses.replace(_check(config, key, "--grid"), sequence=False)
     if key in swept or key in fixed:
       where = "twice in --grid" if key in swept else "in both --set and --grid"
       raise ConfigError(f"{key} is given {where}; give all its values once, as "
@@ -267,11 +317,14 @@ def combination_label(combination: dict, sep: str = ", ") -> str:
 
 def apply(config, combination: dict):
   """`config` with the values of a grid `combination` (a sequence field gets a one-element
-  tuple); not validated (`parse_grid` validated every combination)."""
+  tuple, an option goes into `options`); not validated (`parse_grid` validated every
+  combination)."""
   known = fields(type(config))
-  return dataclasses.replace(config, **{
+  config = dataclasses.replace(config, **{
       key: (value,) if known[key].metadata["check"].sequence else value
-      for key, value in combination.items()})
+      for key, value in combination.items() if key in known})
+  options = {key: value for key, value in combination.items() if key not in known}
+  return with_options(config, options) if options else config
 
 
 def validate(config):
@@ -288,9 +341,25 @@ def validate(config):
     if check.sequence and check.choices is not None and len(set(value)) < len(value):
       raise ConfigError(f"{name}={','.join(map(str, value))} names a choice twice: {name} must "
                         f"be {check.describe()}, each once")
+  _validate_options(config)
   if hasattr(config, "check"):
     config.check()
   return config
+
+
+def _validate_options(config) -> None:
+  """ConfigError unless each of config's `options` is declared by its algorithms
+  (`declared_options`) and in its Option's range."""
+  declared = declared_options(config)
+  for name, value in getattr(config, "options", ()):
+    if name not in declared:
+      raise ConfigError(f"{name} is an option that none of the configured algorithms "
+                        f"declares; their options: {', '.join(sorted(declared)) or 'none'}; "
+                        f"leave {name} out, or add an algorithm that declares it")
+    try:
+      declared[name].check(value)
+    except ValueError as error:
+      raise ConfigError(str(error)) from None
 
 
 # Fields every recipe uses (DESIGN.md names them).

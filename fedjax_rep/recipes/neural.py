@@ -104,10 +104,20 @@ def convention(knob: str, default=None):
                      conventions_lib.HELP[knob])
 
 
+def registered() -> tuple[str, ...]:
+  """The names of the neural algorithms registered now (the package's, then a plugin's)."""
+  return tuple(nn_registry.ALGORITHMS)
+
+
 def algorithms(default=ALGORITHMS):
-  """The algorithms to compare: any of the neural registry's (default: ALGORITHMS)."""
-  return cfg.choice("algorithms to compare", default, tuple(nn_registry.ALGORITHMS),
-                    sequence=True)
+  """The algorithms to compare: any registered neural algorithm, those of --plugin files
+  too (default: ALGORITHMS)."""
+  return cfg.choice("algorithms to compare", default, registered, sequence=True)
+
+
+# The declared options that a recipe sets itself, not --set: the conventions' flags
+# (`conventions` and its knobs) and the epoch counts that `family.program` sets.
+SET_BY_RECIPE = (*conventions_lib.FLAGS, hparams_lib.FT_EPOCHS, hparams_lib.HEAD_EPOCHS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +146,17 @@ class Training(placement.Placement):
   starting_heads: str | None = convention("starting_heads")
   bias_decay: str | None = convention("bias_decay")
   averaging: str | None = convention("averaging")
+  options: tuple = dataclasses.field(default=(), metadata={
+      "help": "(name, value) of each traced option given as a key (`declared_options`)"})
+
+  def declared_options(self) -> dict[str, hparams_lib.Option]:
+    """{name: Option} of the traced options that the algorithms in `algorithms` declare
+    (a recipe without that field: none), less SET_BY_RECIPE; --set and --grid take them
+    as keys."""
+    entries = [nn_registry.ALGORITHMS[name] for name in getattr(self, "algorithms", ())
+               if name in nn_registry.ALGORITHMS]
+    return {o.name: o for entry in entries for o in entry.options
+            if o.name not in SET_BY_RECIPE}
 
 
 def resolved_conventions(config) -> conventions_lib.Conventions:
@@ -161,10 +182,13 @@ def conventions_text(config) -> str:
 
 def hparams(config) -> hparams_lib.NNHparams:
   """The traced hyperparameters of `config`: lr, momentum, weight decay, and the algorithms'
-  traced options (`nn.registry.options`) that config sets (None: the algorithm's default);
-  not the conventions' flags, which depend on the algorithm (`shared_program`)."""
+  traced options (`nn.registry.options`) that config sets, as fields (None: the
+  algorithm's default) or in its `options` (--set NAME=VALUE); not SET_BY_RECIPE (the
+  conventions' flags, which depend on the algorithm: `shared_program`; the epoch counts,
+  fields of the structure where config has them)."""
   options = {k: getattr(config, k) for k in nn_registry.options()
-             if getattr(config, k, None) is not None}
+             if k not in SET_BY_RECIPE and getattr(config, k, None) is not None}
+  options.update(getattr(config, "options", ()))
   return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay, **options)
 
 

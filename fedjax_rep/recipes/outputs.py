@@ -216,7 +216,8 @@ class RunDir:
 
   def _check_previous(self, config: dict) -> None:
     """Refuses (OtherRun) a non-empty `path` that is not a run of config's recipe with the
-    same configuration, seeds and grid, written by the same code."""
+    same configuration, seeds, grid and plugins (their paths and hashes), written by the
+    same code."""
     if not os.path.isdir(self.path) or not set(os.listdir(self.path)) - {LOCK}:
       return
     hint = "choose another --out, or pass --overwrite to start it over"
@@ -232,10 +233,10 @@ class RunDir:
                      f"(it holds {what}); choose another --out, or pass --overwrite to write "
                      f"into it")
     current = json.loads(json.dumps(config))  # tuples -> lists, as stored
-    if any(previous.get(key) != current.get(key) for key in ("config", "seeds")) or (
-        previous.get("grid") or {}) != (current.get("grid") or {}):
+    if any(previous.get(key) != current.get(key) for key in ("config", "seeds")) or any(
+        (previous.get(key) or None) != (current.get(key) or None) for key in ("grid", "plugins")):
       raise OtherRun(f"{self.path} holds a run with a different configuration, seeds or "
-                     f"grid; {hint}")
+                     f"grid (or plugins); {hint}")
     written = (previous.get("code") or {}).get("source")
     if written and written != current["code"]["source"] and os.listdir(
         os.path.join(self.path, "parts")):

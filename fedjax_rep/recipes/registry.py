@@ -22,6 +22,7 @@ from fedjax_rep.core import threefry
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import outputs
 from fedjax_rep.recipes import placement
+from fedjax_rep.recipes import plugins as plugins_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,10 +186,12 @@ def mock_lines(recipe, config, grid) -> list[str]:
 
 def _figure_config(config, grid):
   """`config` as the figure sees the rows: each swept sequence field holds all its swept
-  values (e.g. fedrep-fig3's panels, one per num_clients); other fields are unchanged."""
+  values (e.g. fedrep-fig3's panels, one per num_clients); other fields (and options)
+  are unchanged."""
   known = cfg.fields(type(config))
-  return dataclasses.replace(config, **{key: values for key, values in grid.items()
-                                        if known[key].metadata["check"].sequence})
+  return dataclasses.replace(config, **{
+      key: values for key, values in grid.items()
+      if key in known and known[key].metadata["check"].sequence})
 
 
 def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(), grid=(),
@@ -221,10 +224,12 @@ def _summary(recipe, rows, config, grid) -> list[dict]:
 def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(),
                grid=(), out: str | None = None, progress: bool = True, overwrite: bool = False,
                checkpoint_rounds: int | None = None,
-               checkpoint_seconds: float | None = checkpoint.DEFAULT_SECONDS) -> str:
+               checkpoint_seconds: float | None = checkpoint.DEFAULT_SECONDS,
+               plugins=()) -> str:
   """Runs recipe `name` over every combination of `grid` (as `run`) and writes
-  metrics.csv, config.json (with the grid and the code's revision), NAME.png (and the
-  summary table, e.g. summary.csv or table1.csv, where the recipe has one) into `out`.
+  metrics.csv, config.json (with the grid, the code's revision and the `plugins`, files
+  imported first that register algorithms: `plugins.load_all`), NAME.png (and the summary
+  table, e.g. summary.csv or table1.csv, where the recipe has one) into `out`.
 
   Finished units are saved under out/parts, and a unit's runs checkpoint every
   `checkpoint_rounds` rounds or `checkpoint_seconds` seconds, so running again with the
@@ -234,6 +239,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   holds its lock until it returns). Prints one line on stderr per diverged run
   (`diverged_lines`) at the end. Returns the output directory.
   """
+  loaded = plugins_lib.load_all(plugins)
   recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
   try:
     checkpoint.check_policy(checkpoint_rounds, checkpoint_seconds)
@@ -246,7 +252,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
             "code": {"revision": files.revision(), "source": files.source_fingerprint(),
                      **kernel_record(config),
                      "threefry": "flat" if threefry.flat() else "jax"},
-            "job": job_record(config),
+            "job": job_record(config), "plugins": loaded,
             **conventions_record(config, grid),
             "versions": outputs.versions()},
       overwrite=overwrite, every_rounds=checkpoint_rounds,
@@ -345,10 +351,19 @@ def _setting_text(value) -> str:
   return repr(value) if isinstance(value, float) else str(value)
 
 
+def _saved_items(saved_config: dict, grid: dict) -> list[str]:
+  """The --set items of a config.json's configuration: each field but those `grid` sweeps,
+  and each option of its `options` as NAME=VALUE."""
+  items = [f"{key}={_setting_text(value)}" for key, value in saved_config.items()
+           if key not in grid and key != "options"]
+  return items + [f"{key}={value!r}" for key, value in saved_config.get("options", ())]
+
+
 def replay(config_path: str) -> dict:
-  """The keywords of `run_to_dir` (name, quick, seeds, overrides, grid) that run again
-  the run that wrote `config_path` (its config.json): every configuration field as a --set
-  item, checked as any. ConfigError when the file cannot be read or names no recipe."""
+  """The keywords of `run_to_dir` (name, quick, seeds, overrides, grid, plugins) that run
+  again the run that wrote `config_path` (its config.json): every configuration field as a
+  --set item, checked as any, and the plugins it ran with. ConfigError when the file
+  cannot be read or names no recipe; PluginError when a plugin is missing or changed."""
   try:
     with open(config_path) as f:
       saved = json.load(f)
@@ -367,6 +382,6 @@ def replay(config_path: str) -> dict:
                           f"{', '.join(all_recipes())}") from None
   grid = saved.get("grid") or {}
   return {"name": name, "quick": bool(saved.get("quick")), "seeds": saved.get("seeds"),
-          "overrides": [f"{key}={_setting_text(value)}"
-                        for key, value in saved["config"].items() if key not in grid],
-          "grid": {key: tuple(values) for key, values in grid.items()}}
+          "overrides": _saved_items(saved["config"], grid),
+          "grid": {key: tuple(values) for key, values in grid.items()},
+          "plugins": plugins_lib.recorded(saved.get("plugins"), config_path)}
