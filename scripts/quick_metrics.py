@@ -1,20 +1,40 @@
-"""Runs every recipe of `fedjax-rep list` with --quick and records its metrics.csv's SHA-256.
+"""Runs every recipe of `fedjax-rep list` with --quick and records its metrics.csv's SHA-256
+and the XLA compilations it made.
 
-  python scripts/quick_metrics.py --out DIR [--compare OTHER_DIR]
+  python scripts/quick_metrics.py --out DIR [--compare OTHER_DIR] [--recipes A B ...]
 
-Each recipe runs in a fresh process (`python -m fedjax_rep run NAME --quick --no-progress
---out DIR/NAME`); DIR/hashes.json maps recipe to hash. With --compare, the script prints
-which recipes' metrics.csv differ from OTHER_DIR's and exits 1 if any do: the check that a
-refactor changed no number.
+Each recipe runs in a fresh process (`fedjax-rep run NAME --quick --no-progress
+--no-compile-cache --out DIR/NAME`, with a `jax.monitoring` listener counting backend
+compilations); DIR/hashes.json maps recipe to hash, DIR/compiles.json to its compile count.
+With --compare, the script prints which recipes' metrics.csv differ from OTHER_DIR's, the
+largest difference of a numeric cell of each (absolute and relative), every recipe's compile
+counts in both, and exits 1 if any metrics.csv differs: the check that a refactor changed no
+number.
 """
 
 import argparse
+import csv
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
 import time
+
+# Runs the CLI in this process with a listener that counts XLA backend compilations and
+# prints the count last (as "compiles N").
+COUNTED = """
+import sys, jax
+from fedjax_rep import cli
+count = [0]
+jax.monitoring.register_event_duration_secs_listener(
+    lambda name, *a, **k: count.__setitem__(0, count[0] + 1)
+    if name == "/jax/core/compile/backend_compile_duration" else None)
+code = cli.main(sys.argv[1:])
+print("compiles", count[0])
+sys.exit(code)
+"""
 
 
 def recipe_names() -> list[str]:
@@ -35,27 +55,63 @@ def sha256(path: str) -> str:
     return hashlib.sha256(f.read()).hexdigest()
 
 
+def largest_difference(path_a: str, path_b: str) -> str:
+  """The largest absolute and relative difference of the numeric cells of two CSV files of
+  the same rows and columns (or why they cannot be compared cell by cell)."""
+  with open(path_a) as a, open(path_b) as b:
+    rows_a, rows_b = list(csv.reader(a)), list(csv.reader(b))
+  if len(rows_a) != len(rows_b) or rows_a[:1] != rows_b[:1]:
+    return f"rows or columns differ ({len(rows_a)} and {len(rows_b)} rows)"
+  worst_abs = worst_rel = 0.0
+  for row_a, row_b in zip(rows_a[1:], rows_b[1:]):
+    for x, y in zip(row_a, row_b):
+      if x == y:
+        continue
+      try:
+        u, v = float(x), float(y)
+      except ValueError:
+        return f"a text cell differs: {x!r} and {y!r}"
+      if math.isnan(u) != math.isnan(v):
+        return f"NaN in one only: {x} and {y}"
+      worst_abs = max(worst_abs, abs(u - v))
+      worst_rel = max(worst_rel, abs(u - v) / max(abs(u), abs(v), 1e-30))
+  return f"largest difference {worst_abs:.3g} (relative {worst_rel:.3g})"
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True, help="directory for the runs and hashes.json")
   parser.add_argument("--compare", help="a directory an earlier call wrote")
+  parser.add_argument("--recipes", nargs="+", help="these recipes only (default: all)")
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
-  hashes = {}
-  for name in recipe_names():
+  hashes, compiles = {}, {}
+  for name in args.recipes or recipe_names():
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "fedjax_rep", "run", name, "--quick", "--no-progress",
-                    "--overwrite", "--out", os.path.join(args.out, name)], check=True,
-                   stdout=subprocess.DEVNULL)
+    out = subprocess.run([sys.executable, "-c", COUNTED, "run", name, "--quick", "--no-progress",
+                          "--no-compile-cache", "--overwrite", "--out",
+                          os.path.join(args.out, name)], check=True, capture_output=True,
+                         text=True).stdout
+    compiles[name] = int(out.split()[-1])
     hashes[name] = sha256(os.path.join(args.out, name, "metrics.csv"))
-    print(f"{name:24s} {hashes[name][:16]}  {time.perf_counter() - start:6.1f} s", flush=True)
-  with open(os.path.join(args.out, "hashes.json"), "w") as f:
-    json.dump(hashes, f, indent=1)
+    print(f"{name:24s} {hashes[name][:16]}  {compiles[name]:4d} compiles  "
+          f"{time.perf_counter() - start:6.1f} s", flush=True)
+  for file, values in (("hashes.json", hashes), ("compiles.json", compiles)):
+    with open(os.path.join(args.out, file), "w") as f:
+      json.dump(values, f, indent=1)
   if args.compare is None:
     return 0
   with open(os.path.join(args.compare, "hashes.json")) as f:
     before = json.load(f)
-  differ = sorted(name for name in set(before) | set(hashes) if before.get(name) != hashes.get(name))
+  with open(os.path.join(args.compare, "compiles.json")) as f:
+    compiled_before = json.load(f)
+  print(f"{'recipe':24s} {'compiles':>9s} {'before':>7s}  metrics.csv")
+  for name in hashes:
+    same = before.get(name) == hashes[name]
+    text = "identical" if same else largest_difference(
+        os.path.join(args.compare, name, "metrics.csv"), os.path.join(args.out, name, "metrics.csv"))
+    print(f"{name:24s} {compiles[name]:9d} {compiled_before.get(name, -1):7d}  {text}")
+  differ = sorted(name for name in hashes if before.get(name) != hashes[name])
   print(f"{len(hashes)} recipes, {len(differ)} differ from {args.compare}: {', '.join(differ) or '-'}")
   return 1 if differ else 0
 

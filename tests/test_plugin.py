@@ -34,8 +34,9 @@ class DampedFedAvg(fr.nn.fedavg.FedAvg):
   options = (fr.Option("server_beta", 0.0, 0.0, 0.999,
                        help="the server keeps this fraction of its model each round"),)
 
-  def client_update(self, shared, personal, x, y, count, key, hparams):
-    new, personal, loss = super().client_update(shared, personal, x, y, count, key, hparams)
+  def client_update(self, shared, personal, x, y, count, key, hparams, info):
+    new, personal, loss = super().client_update(shared, personal, x, y, count, key, hparams,
+                                                info)
     beta = hparams.options.get("server_beta", 0.0)
     sent = jax.tree.map(lambda w, v: w + (1 - beta) * (v - w), shared, new)
     return sent, personal, loss

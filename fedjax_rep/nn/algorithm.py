@@ -15,8 +15,7 @@ algorithm"):
   state) from what the cohort sent; `info` (`RoundInfo`) carries the round index, the
   server state and the number of clients;
 - `eval_params(...)`: the params a client is tested with.
-Sharding lives in `sharded`, evaluation in `evaluation`, the authors' conventions in
-`conventions`, the checks of a subclass's hooks in `contract`.
+Sharding: `sharded`; evaluation: `evaluation`; conventions: `conventions`; checks: `contract`.
 """
 
 import dataclasses
@@ -66,8 +65,7 @@ class Personalized(ModelSteps):
   cohort_groups: int | None = None
   devices: int | None = None
   eval_clients: str = "all"
-  # The traced options every neural algorithm reads (`hparams.Option`; a subclass adds its
-  # own): the conventions' bias-decay and averaging flags.
+  # Traced options all read (`hparams.Option`; subclasses add theirs): two conventions' flags.
   options: ClassVar[tuple] = (conventions.FLAGS["no_bias_decay"],
                               conventions.FLAGS["uniform_average"])
   # Compile the loop's programs for compile time on the CPU (`core.loop.QUICK_COMPILE`).
@@ -143,7 +141,7 @@ class Personalized(ModelSteps):
         cohort=jnp.zeros(n, bool) if self.eval_clients == "cohort" else None))
 
   def round_info(self, state: NNState, num_clients: int) -> RoundInfo:
-    """The `RoundInfo` of the round that starts from `state`."""
+    """The `RoundInfo` of the round that starts from `state` (n = num_clients)."""
     return RoundInfo(round=state.round, server=state.server, num_clients=num_clients)
 
   def round(self, state: NNState, key, data, hparams: NNHparams):

@@ -27,16 +27,17 @@ _PROBED = set()  # (algorithm, shapes) whose hooks passed `check_hooks`
 
 
 def check(algorithm, data, hparams) -> None:
-  """Raises ValueError on a run `algorithm` cannot make: the data's own checks (labels
-  below the classes the model outputs too), 1 <= cohort <= num_clients, eval_clients one
-  of EVAL_CLIENTS, hparams' options (`check_options`) and the hooks (`check_hooks`)."""
+  """Raises ValueError on a run `algorithm` cannot make: hparams' options
+  (`check_options`), the data's own checks (labels below the classes the model outputs
+  too), 1 <= cohort <= num_clients, eval_clients one of EVAL_CLIENTS and the hooks
+  (`check_hooks`)."""
+  check_options(algorithm, hparams)
   data.check(min(data.num_classes, getattr(algorithm.model, "num_classes", data.num_classes)))
   checks.in_range("cohort", algorithm.cohort, 1, data.num_clients, "the number of clients",
                   "sample at most that many clients per round")
   if algorithm.eval_clients not in EVAL_CLIENTS:
     raise ValueError(f"eval_clients={algorithm.eval_clients!r} must be one of "
                      f"{EVAL_CLIENTS}: evaluate every client or the last round's cohort")
-  check_options(algorithm, hparams)
   check_hooks(algorithm, data, hparams)
 
 

@@ -167,6 +167,12 @@ def resolved_conventions(config) -> conventions_lib.Conventions:
       **{knob: getattr(config, knob, None) for knob in conventions_lib.KNOBS})
 
 
+def options_text(config) -> str:
+  """A figure title's words for the traced options config sets, e.g. ", server_beta=0.9"
+  (empty where it sets none)."""
+  return "".join(f", {name}={value:g}" for name, value in getattr(config, "options", ()))
+
+
 def conventions_text(config) -> str:
   """A figure title's words for config's conventions: "authors' conventions" or "paper
   conventions", and the knobs that differ from that preset, e.g. "authors' conventions

@@ -99,12 +99,13 @@ def check_counts(config, devices: int) -> None:
 def can_shard(name: str, sharded_names: tuple | None = None) -> str | None:
   """None when the algorithm `name` shards, else why not: one of `sharded_names` (a linear
   recipe's), or, where that is None, an algorithm of the neural registry whose round
-  shards (`Personalized.sharding_refusal`)."""
+  shards (`nn.sharded.refusal`)."""
   if sharded_names is not None:
     return None if name in sharded_names else (
         f"of this recipe's algorithms only {', '.join(sharded_names)} shard")
   from fedjax_rep.nn import registry as nn_registry
-  return nn_registry.make_algorithm(name, model=None, cohort=1).sharding_refusal()
+  from fedjax_rep.nn import sharded
+  return sharded.refusal(nn_registry.make_algorithm(name, model=None, cohort=1))
 
 
 def keywords(config) -> dict:

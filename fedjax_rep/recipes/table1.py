@@ -244,6 +244,7 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
     ax.grid(axis="x", alpha=0.3)
   swept = any(f"{key}=" in label for label in grids
               for key in ("conventions", *conventions_lib.KNOBS))
-  conventions = "conventions as each panel says" if swept else common.conventions_text(config)
+  conventions = ("conventions as each panel says" if swept else
+                 common.conventions_text(config)) + common.options_text(config)
   fig.suptitle(f"{title}\n{conventions}; {common.averaged_text(rows, config.summary)}")
   plotting.save(fig, file)

@@ -83,7 +83,8 @@ def plot(rows, config: Config, file) -> None:
   split = (f"{config.classes_per_client} class shards/client" if config.partition == "classes"
            else f"Dir({config.dirichlet_alpha})" if config.partition == "dirichlet" else "iid")
   fig.suptitle(f"digits, {config.model}: n={config.num_clients}, {split}, "
-               f"r={config.participation}, {config.head_epochs}+{config.local_epochs} epochs")
+               f"r={config.participation}, {config.head_epochs}+{config.local_epochs} epochs"
+               f"{common.options_text(config)}")
   plotting.save(fig, file)
 
 
