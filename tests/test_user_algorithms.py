@@ -5,6 +5,7 @@ errors before anything compiles."""
 import dataclasses
 import importlib.util
 import re
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -101,23 +102,13 @@ class GrowingServer(fr.Personalized):
 
 
 @dataclasses.dataclass(frozen=True)
-class WrongPersonal(fr.Personalized):
-  name: str = "wrong-personal"
+class Altered(fr.Personalized):
+  """The default client_update with `alter` applied to its (sent, personal, loss)."""
+  alter: Callable = lambda sent, personal, loss: (sent, personal, loss)
 
   def client_update(self, shared, personal, x, y, count, key, hparams, info):
-    sent, personal, loss = super().client_update(shared, personal, x, y, count, key, hparams,
-                                                 info)
-    return sent, jax.tree.map(lambda p: p[None], personal), loss
-
-
-@dataclasses.dataclass(frozen=True)
-class VectorLoss(fr.Personalized):
-  name: str = "vector-loss"
-
-  def client_update(self, shared, personal, x, y, count, key, hparams, info):
-    sent, personal, loss = super().client_update(shared, personal, x, y, count, key, hparams,
-                                                 info)
-    return sent, personal, jnp.stack([loss, loss])
+    return self.alter(*super().client_update(shared, personal, x, y, count, key, hparams,
+                                             info))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,10 +126,12 @@ class Raises(fr.Personalized):
     (GrowingServer(model=MODEL, cohort=4), HP,
      r"growing-server: server_update must return the server state with the structure and "
      r"shapes it got .*"),
-    (WrongPersonal(model=MODEL, cohort=4), HP,
+    (Altered(model=MODEL, cohort=4, name="wrong-personal",
+             alter=lambda s, p, loss: (s, jax.tree.map(lambda v: v[None], p), loss)), HP,
      r"wrong-personal: client_update must return the client's personal params shaped as it "
      r"got them and a scalar loss \[\]; got \['head/bias'\] of shape \(1, 10\)"),
-    (VectorLoss(model=MODEL, cohort=4), HP,
+    (Altered(model=MODEL, cohort=4, name="vector-loss",
+             alter=lambda s, p, loss: (s, p, jnp.stack([loss, loss]))), HP,
      r"vector-loss: client_update must return .*; got a loss of shape \(2,\)"),
     (Raises(model=MODEL, cohort=4), HP,
      r"raises: client_update failed on the model's shapes: KeyError: 'body/nowhere'"),
