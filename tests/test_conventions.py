@@ -196,7 +196,7 @@ def test_the_papers_conventions_keep_no_untrained_mask():
 # -- the family program ----------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["fedrep", "local"])
 def test_a_family_member_with_the_authors_conventions_is_its_own_algorithm(name):
-  """FedRep run by the `Family` program (peers fedper and local) with every flag gives
+  """FedRep run by the shared program (peers fedper and local) with every flag gives
   FedRep's numbers with them; local only (which shares nothing) those of Local with the
   others (Local refuses average_untrained: for it, the family's averaging is a no-op)."""
   data = make_data()

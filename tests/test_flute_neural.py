@@ -27,6 +27,7 @@ LAMBDAS = dict(flute_nc=0.25, flute_head_norm=0.01, flute_feature_norm=0.01, flu
 ZERO = dict(flute_nc=0.0, flute_head_norm=0.0, flute_feature_norm=0.0, flute_server_lr=0.0)
 COUNTS = [7, 8, 10, 11, 13, 14]  # m = 14: 4 steps of 4, some partial, some empty
 TEST_COUNTS = [3, 4, 5, 3, 4, 5]
+WIDE_COUNTS = [3, 300, 5, 60, 3, 150]  # heavy-tailed: 3 samples next to 300
 CLASSES = [[0, 1, 2], [2, 3], [4, 5, 6, 7], [7, 8, 9, 0], [1, 5, 9], [3]]
 # (clients, mask): cohorts of 4 (two groups of 2), the second round with one client masked.
 ROUNDS = [(np.array([4, 1, 3, 0]), np.array([True, True, True, True])),
@@ -34,9 +35,10 @@ ROUNDS = [(np.array([4, 1, 3, 0]), np.array([True, True, True, True])),
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def make_data(seed=0):
+def make_data(seed=0, counts=COUNTS):
   """6 clients of 8x8x1 inputs (class means + noise), client i's labels drawn from
-  CLASSES[i], COUNTS train rows padded to 14 and TEST_COUNTS test rows padded to 5."""
+  CLASSES[i], `counts` train rows padded to the largest (COUNTS: 14) and TEST_COUNTS test
+  rows padded to 5."""
   rng = np.random.default_rng(seed)
   means = rng.normal(size=(10, 8, 8, 1))
 
@@ -46,7 +48,7 @@ def make_data(seed=0):
     parts = np.split(np.arange(len(y)), np.cumsum(counts)[:-1])
     return x.astype(np.float32), y.astype(np.int32), parts
 
-  return client_datasets(*sample(COUNTS), *sample(TEST_COUNTS), 10)
+  return client_datasets(*sample(counts), *sample(TEST_COUNTS), 10)
 
 
 def make(**fields):
@@ -180,9 +182,11 @@ def test_a_round_changes_only_the_heads_of_clients_that_trained():
 
 
 # -- local training ------------------------------------------------------------------------
-@pytest.mark.parametrize("head_epochs", [0, 2])  # FLUTE, FLUTE*
-def test_rounds_match_the_reference(head_epochs):
-  data = make_data()
+@pytest.mark.parametrize("head_epochs, counts",  # FLUTE, FLUTE*; FLUTE on heavy tails
+                         [(0, COUNTS), (2, COUNTS), (0, WIDE_COUNTS)],
+                         ids=["flute", "flute-star", "flute-wide"])
+def test_rounds_match_the_reference(head_epochs, counts):
+  data = make_data(counts=counts)
   algorithm = make(head_epochs=head_epochs)
   state = initial_state(algorithm, data)
   shared, personal = to_reference(state, data.num_clients)

@@ -18,6 +18,8 @@ MODEL = models.make_model("digits-mlp", 10)
 STRUCTURE = dict(local_epochs=1, head_epochs=2, batch_size=4, client_group=2)
 COUNTS = [7, 8, 10, 11, 13, 14]  # m = 14: 4 steps of 4, some partial, some empty
 TEST_COUNTS = [3, 4, 5, 3, 4, 5]
+# Heavy-tailed sizes: clients of 3 samples next to one of 300 (padded to 300).
+WIDE_COUNTS = [3, 300, 5, 60, 3, 150]
 # (clients, mask) of the two rounds: cohorts of 4 (two groups of 2), the second with one
 # client masked. The same shapes in both rounds, so each algorithm compiles its round once.
 ROUNDS = [(np.array([4, 1, 3, 0]), np.array([True, True, True, True])),
@@ -25,9 +27,9 @@ ROUNDS = [(np.array([4, 1, 3, 0]), np.array([True, True, True, True])),
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def make_data(seed=0):
-  """6 clients of 8x8x1 inputs (class means + noise), 10 classes, COUNTS train rows padded
-  to 14 and TEST_COUNTS test rows padded to 5."""
+def make_data(seed=0, counts=COUNTS):
+  """6 clients of 8x8x1 inputs (class means + noise), 10 classes, `counts` train rows
+  padded to the largest (COUNTS: 14) and TEST_COUNTS test rows padded to 5."""
   rng = np.random.default_rng(seed)
   means = rng.normal(size=(10, 8, 8, 1))
 
@@ -35,9 +37,9 @@ def make_data(seed=0):
     y = rng.integers(0, 10, k)
     return (means[y] + rng.normal(size=(k, 8, 8, 1))).astype(np.float32), y.astype(np.int32)
 
-  x, y = sample(sum(COUNTS))
+  x, y = sample(sum(counts))
   x_test, y_test = sample(sum(TEST_COUNTS))
-  parts = np.split(np.arange(len(y)), np.cumsum(COUNTS)[:-1])
+  parts = np.split(np.arange(len(y)), np.cumsum(counts)[:-1])
   test_parts = np.split(np.arange(len(y_test)), np.cumsum(TEST_COUNTS)[:-1])
   return client_datasets(x, y, parts, x_test, y_test, test_parts, 10)
 
@@ -154,9 +156,11 @@ def test_reference_forward_matches_the_model():
                              atol=ATOL)
 
 
-@pytest.mark.parametrize("name", ref.ALGORITHMS)
-def test_rounds_match_reference(name):
-  data = make_data()
+@pytest.mark.parametrize("name, counts", [
+    *(pytest.param(name, COUNTS, id=name) for name in ref.ALGORITHMS),
+    *(pytest.param(name, WIDE_COUNTS, id=f"{name}-wide") for name in ("fedrep", "fedavg"))])
+def test_rounds_match_reference(name, counts):
+  data = make_data(counts=counts)
   algorithm = make(name)
   state = initial_state(algorithm, data)
   shared, personal = to_reference(state, data.num_clients)
