@@ -36,10 +36,7 @@ device reports it (not the CPU), and the process's peak RSS, after each part.
 """
 
 import argparse
-import datetime
 import inspect
-import json
-import os
 import resource
 import time
 
@@ -54,7 +51,7 @@ from fedjax_rep.linear import memory
 from fedjax_rep.nn.hparams import hparams as nn_hparams
 from fedjax_rep.nn.models import PRECISIONS, make_model
 from fedjax_rep.nn.registry import make_algorithm
-from linear_round import machine_info  # benchmarks/ is the script's directory
+from linear_round import machine_info, now, write_json  # benchmarks/ is the script's directory
 from nn_round import (BATCH, LR, MOMENTUM, NUM_CLASSES, WEIGHT_DECAY, VmapRound,
                       benchmark_model, format_table, forward_flops, interleaved_seconds, load,
                       matmul_gflops, synthetic_data)
@@ -250,12 +247,6 @@ def format_fedrep(rows):
   return "\n".join(lines)
 
 
-def now():
-  """The time and the load averages (1, 5, 15 min), for the log."""
-  return (f"{datetime.datetime.now().isoformat(timespec='seconds')}; load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--toy", action="store_true",
@@ -311,9 +302,7 @@ def main():
           + f". After all parts: device peak {gigabytes(auto['peak_device_bytes'])} GB, "
           f"peak RSS {gigabytes(auto['peak_rss_bytes'])} GB")
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"machine": machine_info(), "toy": args.toy, "rows": rows}, f, indent=1)
-    print(f"wrote {args.json}")
+    write_json(args.json, {"machine": machine_info(), "toy": args.toy, "rows": rows})
 
 
 if __name__ == "__main__":

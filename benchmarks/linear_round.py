@@ -36,6 +36,7 @@ A last table gives, per n and kernel, the fresh-statistics round's time over the
 """
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -289,6 +290,19 @@ def benchmark(run, mode, rates, min_seconds, repeats, max_loop_clients):
           "normals_per_s": normals_per_s}
 
 
+def now() -> str:
+  """The time and the load averages (1, 5, 15 min), for the log."""
+  return (f"{datetime.datetime.now().isoformat(timespec='seconds')}; load average "
+          f"(1, 5, 15 min) {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def write_json(path: str, data) -> None:
+  """`data` written to `path` as indented JSON, and a line saying so."""
+  with open(path, "w") as f:
+    json.dump(data, f, indent=1)
+  print(f"wrote {path}")
+
+
 def machine_info():
   """Lines describing the CPU, core count and library versions."""
   cpu = platform.processor() or "unknown"
@@ -389,19 +403,17 @@ def main():
   loads = ", ".join(f"{r['load_average']:.2f}" for r in rows)
   print(f"load average (1 min) after each row: {loads}")
   if args.json:
-    write_json(args.json, rows, rates)
+    write_json(args.json, {"machine": machine_info(), "rates": rates, "rows": records(rows)})
 
 
-def write_json(path, rows, rates):
-  """Writes the rows (times in ms) and the machine's rates to `path`."""
-  records = [{"n": r["n"], "mode": r["mode"], "kernel": r["kernel"], "ms_per_round": r["jax"] * 1e3,
-              "ms_per_call_beyond_rounds": r["call"] * 1e3,
-              "fraction_of_roofline": r["roofline"] / r["jax"], "roofline_ms": r["roofline"] * 1e3,
-              "bound": r["bound"], "loop_ms": r["loop"] * 1e3, "batched_ms": r["batched"] * 1e3,
-              "normals_per_s": r["normals_per_s"], "load_average": r["load_average"]}
-             for r in rows]
-  with open(path, "w") as f:
-    json.dump({"machine": machine_info(), "rates": rates, "rows": records}, f, indent=1)
+def records(rows) -> list[dict]:
+  """The rows for the JSON file (times in ms)."""
+  return [{"n": r["n"], "mode": r["mode"], "kernel": r["kernel"], "ms_per_round": r["jax"] * 1e3,
+           "ms_per_call_beyond_rounds": r["call"] * 1e3,
+           "fraction_of_roofline": r["roofline"] / r["jax"], "roofline_ms": r["roofline"] * 1e3,
+           "bound": r["bound"], "loop_ms": r["loop"] * 1e3, "batched_ms": r["batched"] * 1e3,
+           "normals_per_s": r["normals_per_s"], "load_average": r["load_average"]}
+          for r in rows]
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ and their averaged params must agree.
 """
 
 import argparse
-import datetime
-import json
 import math
 import os
 import time
@@ -33,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.data.federated import ClientDatasets
-from linear_round import machine_info  # benchmarks/ is the script's directory
+from linear_round import machine_info, now, write_json  # benchmarks/ is the script's directory
 from fedjax_rep.nn import train
 from fedjax_rep.nn.hparams import hparams as nn_hparams
 from fedjax_rep.nn.models import make_model
@@ -319,8 +317,7 @@ def main():
   samples = args.samples or (100 if args.quick else 500)
 
   print("\n".join(machine_info()))
-  print(f"started {datetime.datetime.now().isoformat(timespec='seconds')}; load average "
-        f"(1, 5, 15 min) {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+  print(f"started {now()}")
   print(f"FedAvg round: {clients} clients (all participate) x {samples} samples, 1 local "
         f"epoch, batch {BATCH}, lr {LR}, momentum {MOMENTUM}, weight decay {WEIGHT_DECAY}, "
         f"float32")
@@ -336,8 +333,7 @@ def main():
     calls = args.calls or (1 if args.quick else MODELS[name][3])
     rows += benchmark_model(name, clients, samples, [g for g in groups if g <= clients],
                             calls, hparams, matmul)
-  print(f"\nfinished {datetime.datetime.now().isoformat(timespec='seconds')}; load average "
-        f"(1, 5, 15 min) {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+  print(f"\nfinished {now()}\n")
   print(format_table(rows))
   print("* the fastest group size of the model's vmap rows")
   for name in args.models:
@@ -349,9 +345,7 @@ def main():
           f"({loop['cpu_seconds_per_round'] / best['cpu_seconds_per_round']:.2f}x in CPU "
           f"seconds: {best['cpu_seconds_per_round']:.2f} vs {loop['cpu_seconds_per_round']:.2f})")
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(rows, f, indent=1)
-    print(f"wrote {args.json}")
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

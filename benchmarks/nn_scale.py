@@ -26,7 +26,6 @@ both ran, the final bodies are compared (relative error of the params and of the
 """
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -40,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linear_round import machine_info  # benchmarks/ is the script's directory
+from linear_round import machine_info, now, write_json  # benchmarks/ is the script's directory
 from fedjax_rep.core.cohort import cohort_size, sample_cohort
 from fedjax_rep.data import synthetic
 from fedjax_rep.nn import params as params_lib
@@ -381,21 +380,17 @@ def main():
     return
   clients = args.clients or ([100, 200] if args.quick else [1000, 20000])
   print("\n".join(machine_info()))
-  print(f"started {datetime.datetime.now().isoformat(timespec='seconds')}; load average "
-        f"(1, 5, 15 min) {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+  print(f"started {now()}")
   print(f"FedRep on Synthetic({ALPHA:g}, {BETA:g}), uncapped sizes, participation "
         f"{PARTICIPATION}, {HEAD_EPOCHS} head + {LOCAL_EPOCHS} body epochs, batch {BATCH}, "
         f"lr {LR}; 1 warm-up + {rounds} timed rounds", flush=True)
   with tempfile.TemporaryDirectory() as workdir:
     rows = [measure(n, args.seed, rounds, args.memory_limit_gb * 2**30, workdir)
             for n in clients]
-  print(f"\nfinished {datetime.datetime.now().isoformat(timespec='seconds')}; load average "
-        f"(1, 5, 15 min) {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+  print(f"\nfinished {now()}\n")
   print(format_table(rows))
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(rows, f, indent=1)
-    print(f"wrote {args.json}")
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ import csv
 import hashlib
 import json
 import re
-import sys
 
 import jax
 import pytest
@@ -58,9 +57,7 @@ def registry_restored():
   for name in set(nn_registry.CLASSES) - set(classes):
     del core_registry.ALGORITHMS["neural"][name], nn_registry.CLASSES[name]
   assert core_registry.ALGORITHMS["neural"] == neural_entries
-  for path in list(plugins.LOADED):
-    sys.modules.pop(plugins.module_name(path), None)
-    del plugins.LOADED[path]
+  plugins.LOADED.clear()
 
 
 @pytest.fixture

@@ -4,10 +4,9 @@ config.json records each plugin's absolute path and the sha256 of its content; a
 or --resume loads the same files and refuses one that is missing or changed."""
 
 import hashlib
-import importlib.util
 import os
 import re
-import sys
+import runpy
 import traceback
 
 from fedjax_rep.recipes.config import ConfigError
@@ -64,14 +63,9 @@ def load(path: str) -> dict:
   absolute = _checked_path(path)
   digest = sha256(absolute)
   if LOADED.get(absolute) != digest:
-    name = module_name(absolute)
-    spec = importlib.util.spec_from_file_location(name, absolute)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file runs
-    try:
-      spec.loader.exec_module(module)
+    try:  # runpy runs the file as module `module_name` (the module dataclasses look up)
+      runpy.run_path(absolute, run_name=module_name(absolute))
     except Exception as error:  # noqa: BLE001  every failure of the user's file is one line
-      del sys.modules[name]
       raise PluginError(_failure(absolute, error)) from None
     LOADED[absolute] = digest
   return {"path": absolute, "sha256": digest}
