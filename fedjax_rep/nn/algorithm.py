@@ -40,7 +40,6 @@ from fedjax_rep.nn.hparams import NNHparams
 from fedjax_rep.nn.model_steps import ModelSteps
 from fedjax_rep.nn.state import NNState, RoundInfo
 
-AVERAGE_UNTRAINED = conventions.OPTIONS["starting_heads"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +136,7 @@ class Personalized(ModelSteps):
     return sharded.place(self, NNState(
         shared=shared, personal=personal, eval_key=jax.random.key_data(key_eval),
         server=self.initial_server(shared), round=jnp.zeros((), jnp.int32),
-        untrained=jnp.ones(n, bool) if AVERAGE_UNTRAINED in hparams.options else None,
+        untrained=jnp.ones(n, bool) if contract.AVERAGE_UNTRAINED in hparams.options else None,
         cohort=jnp.zeros(n, bool) if self.eval_clients == "cohort" else None))
 
   def round_info(self, state: NNState, num_clients: int) -> RoundInfo:

@@ -58,10 +58,6 @@ def check_options(algorithm, hparams) -> None:
         declared[name].check(v.item())
 
 
-def _shapes(tree):
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), tree)
-
-
 def _mismatch(got, want) -> str | None:
   """How pytree `got` differs from `want` (structure, then a leaf's shape or dtype), or None."""
   if jax.tree.structure(got) != jax.tree.structure(want):
@@ -91,9 +87,9 @@ def check_hooks(algorithm, data, hparams) -> None:
   init are probed."""
   from fedjax_rep.nn.algorithm import Personalized  # the base imports this module
   alone = dataclasses.replace(algorithm, devices=None, cohort_groups=None)
-  per_run = lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:] if np.ndim(a) else (), a.dtype)
-  hp = jax.tree.map(per_run, hparams)  # one run's (a sweep's leading axis dropped)
-  key = (alone, _shapes(data.x).shape, data.x.dtype, jax.tree.structure(hp))
+  per_run = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # a sweep's axis dropped
+  hp = jax.tree.map(per_run, hparams)
+  key = (alone, data.x.shape, data.x.dtype, jax.tree.structure(hp))
   if key in _PROBED:
     return
   sample = jax.ShapeDtypeStruct((1, *data.x.shape[2:]), data.x.dtype)
@@ -114,7 +110,7 @@ def check_hooks(algorithm, data, hparams) -> None:
   m = data.x.shape[1]
   personal = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), state.personal)
   client = (jax.ShapeDtypeStruct((m, *data.x.shape[2:]), data.x.dtype),
-            jax.ShapeDtypeStruct((m,), data.y.dtype), jax.ShapeDtypeStruct((), jnp.int32))
+            jax.ShapeDtypeStruct((m,), data.y.dtype), jax.ShapeDtypeStruct((), data.counts.dtype))
   info = alone.round_info(state, data.num_clients)
   out = _probe(alone, "client_update", lambda s, p, x, y, c, h, i: alone.client_update(
       s, p, x, y, c, jax.random.key(0), h, i), state.shared, personal, *client, hp, info)
@@ -123,7 +119,7 @@ def check_hooks(algorithm, data, hparams) -> None:
                      f"loss), got {type(out).__name__}")
   sent, new_personal, loss = out
   problem = _mismatch(new_personal, personal) or (
-      None if np.shape(loss) == () else f"a loss of shape {np.shape(loss)}")
+      None if loss.shape == () else f"a loss of shape {loss.shape}")
   if problem:
     raise ValueError(f"{alone.name}: client_update must return the client's personal params "
                      f"shaped as it got them and a scalar loss []; got {problem}")

@@ -44,7 +44,8 @@ def new_clients(algorithm, body: dict, head: dict, data, hparams, key, epochs: i
   def client(args):
     x, y, count, client_key, x_test, y_test, test_count = args
     new_head, _ = algorithm.train_head(body, head, x, y, count, client_key, hparams, epochs)
-    return train.tested(algorithm.logits(params_lib.merge(body, new_head), x_test), y_test, test_count)
+    logits = algorithm.logits(params_lib.merge(body, new_head), x_test)
+    return train.tested(logits, y_test, test_count)
 
   return accuracy_metrics(*train.client_map(
       client, (data.x, data.y, data.counts, keys, data.x_test, data.y_test, data.test_counts),
