@@ -14,6 +14,7 @@ from fedjax_rep.core.registry import ALGORITHMS
 from fedjax_rep.data import digits
 from fedjax_rep.data.federated import ClientDatasets, client_datasets
 from fedjax_rep.data.federated import stack as stack_datasets
+from fedjax_rep.data.flat import FlatClients, flat_clients
 from fedjax_rep.data.partition import PARTITIONS, partition
 from fedjax_rep.core.tree import gather, scatter, stack
 from fedjax_rep.hetero.speeds import SpeedModel, dynamic_speeds, fixed_speeds, given_speeds

@@ -25,16 +25,35 @@ returns SGD's momentum buffers (FLUTE*'s head-first order, in flute_reference).
 """
 
 import math
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_rep.data import flat
 from fedjax_rep.nn import train
 
 ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "local")
 BASELINES = ("fedprox", "scaffold", "ditto", "apfl", "per-fedavg", "l2gd")
 CONTROL = "control/"  # SCAFFOLD's control variates: 'control/<param>'
+
+
+def per_client(data):
+  """`data` as the reference reads it, client i's x[i], y[i] (its training rows, padded or
+  not: a shuffle of a client's rows does not depend on its padding), counts[i], x_test[i],
+  y_test[i], test_counts[i] and num_clients: ClientDatasets as they are; FlatClients with
+  client i's rows from the store, unpadded."""
+  if not isinstance(data, flat.FlatClients):
+    return data
+  x, y = np.asarray(data.x), np.asarray(data.y)
+  rows = lambda a, offsets, counts: [a[o:o + c] for o, c in zip(np.asarray(offsets),
+                                                                np.asarray(counts))]
+  return types.SimpleNamespace(
+      x=rows(x, data.offsets, data.counts), y=rows(y, data.offsets, data.counts),
+      counts=np.asarray(data.counts), x_test=rows(x, data.test_offsets, data.test_counts),
+      y_test=rows(y, data.test_offsets, data.test_counts),
+      test_counts=np.asarray(data.test_counts), num_clients=data.num_clients)
 
 
 # -- the model -----------------------------------------------------------------------------

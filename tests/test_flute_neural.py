@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fedjax_rep.data.federated import client_datasets
+from fedjax_rep.data.flat import flat_clients
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
 from fedjax_rep.nn import neural_collapse as nc
@@ -17,6 +18,7 @@ from fedjax_rep.nn.algorithm import Personalized
 from fedjax_rep.nn.fedper import FedPer
 from fedjax_rep.nn.flute import Flute
 import flute_reference as fref
+import nn_reference as ref
 from test_nn_reference import initial_state, to_reference
 
 HP = hparams_lib.hparams(lr=0.1, momentum=0.5, weight_decay=1e-3)
@@ -35,10 +37,10 @@ ROUNDS = [(np.array([4, 1, 3, 0]), np.array([True, True, True, True])),
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def make_data(seed=0, counts=COUNTS):
+def make_data(seed=0, counts=COUNTS, layout=client_datasets):
   """6 clients of 8x8x1 inputs (class means + noise), client i's labels drawn from
   CLASSES[i], `counts` train rows padded to the largest (COUNTS: 14) and TEST_COUNTS test
-  rows padded to 5."""
+  rows padded to 5 (layout flat_clients: in one flat store)."""
   rng = np.random.default_rng(seed)
   means = rng.normal(size=(10, 8, 8, 1))
 
@@ -48,7 +50,7 @@ def make_data(seed=0, counts=COUNTS):
     parts = np.split(np.arange(len(y)), np.cumsum(counts)[:-1])
     return x.astype(np.float32), y.astype(np.int32), parts
 
-  return client_datasets(*sample(counts), *sample(TEST_COUNTS), 10)
+  return layout(*sample(counts), *sample(TEST_COUNTS), 10)
 
 
 def make(**fields):
@@ -182,11 +184,13 @@ def test_a_round_changes_only_the_heads_of_clients_that_trained():
 
 
 # -- local training ------------------------------------------------------------------------
-@pytest.mark.parametrize("head_epochs, counts",  # FLUTE, FLUTE*; FLUTE on heavy tails
-                         [(0, COUNTS), (2, COUNTS), (0, WIDE_COUNTS)],
-                         ids=["flute", "flute-star", "flute-wide"])
-def test_rounds_match_the_reference(head_epochs, counts):
-  data = make_data(counts=counts)
+@pytest.mark.parametrize(  # FLUTE, FLUTE*; FLUTE on heavy tails, padded and in a flat store
+    "head_epochs, counts, layout",
+    [(0, COUNTS, client_datasets), (2, COUNTS, client_datasets),
+     (0, WIDE_COUNTS, client_datasets), (0, WIDE_COUNTS, flat_clients)],
+    ids=["flute", "flute-star", "flute-wide", "flute-wide-flat"])
+def test_rounds_match_the_reference(head_epochs, counts, layout):
+  data = make_data(counts=counts, layout=layout)
   algorithm = make(head_epochs=head_epochs)
   state = initial_state(algorithm, data)
   shared, personal = to_reference(state, data.num_clients)
@@ -198,7 +202,7 @@ def test_rounds_match_the_reference(head_epochs, counts):
     round_key = jax.random.fold_in(key, t)
     state, metrics = step(state, round_key, data, HP, jnp.asarray(clients), jnp.asarray(mask))
     shared, personal, loss = fref.masked_round(
-        shared, personal, round_key, data, HP, clients, mask,
+        shared, personal, round_key, ref.per_client(data), HP, clients, mask,
         server_lr=LAMBDAS["flute_server_lr"], local_epochs=STRUCTURE["local_epochs"],
         head_epochs=head_epochs, batch_size=STRUCTURE["batch_size"], **lambdas)
     np.testing.assert_allclose(metrics["train_loss"], loss, rtol=RTOL, atol=ATOL)

@@ -5,12 +5,13 @@ import json
 import logging
 import os
 import time
+import types
 
 import numpy as np
 import pytest
 
 from fedjax_rep import cli
-from fedjax_rep.data import leaf, partition, tfds_data
+from fedjax_rep.data import flat, leaf, partition, tfds_data
 from fedjax_rep.data.federated import pad
 from fedjax_rep.data.missing import DataMissing
 from fedjax_rep.recipes import registry
@@ -171,6 +172,20 @@ def femnist(tmp_path):
   return str(directory), numbers
 
 
+def padded(data):
+  """A flat store's clients (`flat.FlatClients`) as padded arrays x [n, m, ...], y [n, m],
+  counts, x_test, y_test, test_counts (`pad`), as the assertions below read them."""
+  assert isinstance(data, flat.FlatClients)
+  x, y = np.asarray(data.x), np.asarray(data.y)
+  rows = lambda offsets, counts: [np.arange(o, o + c) for o, c in zip(np.asarray(offsets),
+                                                                      np.asarray(counts))]
+  train, test = (pad(x, y, rows(o, c)) for o, c in (
+      (data.offsets, data.counts), (data.test_offsets, data.test_counts)))
+  return types.SimpleNamespace(x=train[0], y=train[1], counts=train[2], x_test=test[0],
+                               y_test=test[1], test_counts=test[2],
+                               num_classes=data.num_classes)
+
+
 def numbers_of(x, counts):
   """[client] -> sorted sample numbers k of the client's real rows of x [n, m, 28, 28, 1]."""
   x = np.asarray(x)
@@ -180,7 +195,9 @@ def numbers_of(x, counts):
 
 def test_femnist_natural_users_are_clients_with_leafs_split(femnist):
   directory, numbers = femnist
-  data = leaf.femnist_natural(num_clients=3, seed=0, min_samples=2, directory=directory)
+  stored = leaf.femnist_natural(num_clients=3, seed=0, min_samples=2, directory=directory)
+  assert stored.x.shape[0] == sum(stored.counts) + sum(stored.test_counts)  # the samples alone
+  data = padded(stored)  # writers' sizes differ: a flat store
   counts, test_counts = np.asarray(data.counts), np.asarray(data.test_counts)
   assert data.x.shape == (3, counts.max(), 28, 28, 1) and data.x.dtype == np.float32
   assert data.x_test.shape == (3, test_counts.max(), 28, 28, 1)
@@ -194,7 +211,7 @@ def test_femnist_natural_users_are_clients_with_leafs_split(femnist):
                                   np.array(ks) % 62)
     assert not np.asarray(data.x[i, counts[i]:]).any()
   again = leaf.femnist_natural(num_clients=3, seed=0, min_samples=2)  # default location
-  np.testing.assert_array_equal(again.x, data.x)
+  np.testing.assert_array_equal(again.x, stored.x)
   picks = {tuple(np.asarray(leaf.femnist_natural(3, seed=s, min_samples=2).counts))
            for s in range(10)}
   assert len(picks) > 1
@@ -253,6 +270,7 @@ def test_sent140_tokens_vocabulary_padding_truncation(sent140):
   assert leaf.tokens("It's a GOOD, day!") == ["it's", "a", "good", ",", "day", "!"]
   data, vocab_size, embeddings = leaf.sent140_natural(
       num_clients=3, seed=0, max_len=4, vocab_size=6, directory=str(sent140))
+  data = padded(data)  # users' sizes differ: a flat store
   assert embeddings is None and vocab_size == 6 and data.num_classes == 2
   assert data.x.shape == (3, 2, 4) and data.x.dtype == data.x_test.dtype == np.int32
   assert data.x_test.shape == (3, 2, 4)
@@ -268,6 +286,7 @@ def test_sent140_tokens_vocabulary_padding_truncation(sent140):
 def test_sent140_clients_are_users_with_leafs_split(sent140):
   data, vocab_size, _ = leaf.sent140_natural(num_clients=3, seed=1, max_len=8,
                                              directory=str(sent140))
+  data = padded(data)  # users' sizes differ: a flat store
   words = leaf.vocabulary([t for u in ("ann", "bob", "cid") for t, _ in TWEETS[u][0]], 10000)
   assert vocab_size == 2 + len(words)  # dan (no test tweet) is never chosen
   inverse = {i: w for w, i in words.items()}

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import fedjax_rep as fr
+from fedjax_rep.core import tree
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import train
 
@@ -40,7 +41,7 @@ def test_vmapped_local_training_equals_each_client_alone(group):
     return algorithm.client_update(state.shared, *args, HP,
                                    algorithm.round_info(state, data.num_clients))
 
-  together = jax.jit(lambda: train.client_map(
+  together = jax.jit(lambda: tree.client_map(
       client, (state.personal, data.x, data.y, data.counts, keys), group))()
   alone = jax.jit(lambda i: client((jax.tree.map(lambda p: p[i], state.personal), data.x[i],
                                     data.y[i], data.counts[i], keys[i])))

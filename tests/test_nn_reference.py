@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_rep.data.federated import client_datasets
+from fedjax_rep.data.flat import flat_clients
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
 from fedjax_rep.nn import registry
@@ -27,9 +28,10 @@ ROUNDS = [(np.array([4, 1, 3, 0]), np.array([True, True, True, True])),
 RTOL, ATOL = 1e-4, 1e-5
 
 
-def make_data(seed=0, counts=COUNTS):
+def make_data(seed=0, counts=COUNTS, layout=client_datasets):
   """6 clients of 8x8x1 inputs (class means + noise), 10 classes, `counts` train rows
-  padded to the largest (COUNTS: 14) and TEST_COUNTS test rows padded to 5."""
+  padded to the largest (COUNTS: 14) and TEST_COUNTS test rows padded to 5 (layout
+  flat_clients: in one flat store)."""
   rng = np.random.default_rng(seed)
   means = rng.normal(size=(10, 8, 8, 1))
 
@@ -41,7 +43,7 @@ def make_data(seed=0, counts=COUNTS):
   x_test, y_test = sample(sum(TEST_COUNTS))
   parts = np.split(np.arange(len(y)), np.cumsum(counts)[:-1])
   test_parts = np.split(np.arange(len(y_test)), np.cumsum(TEST_COUNTS)[:-1])
-  return client_datasets(x, y, parts, x_test, y_test, test_parts, 10)
+  return layout(x, y, parts, x_test, y_test, test_parts, 10)
 
 
 def make(name, **structure):
@@ -116,7 +118,7 @@ def run_package(algorithm, state, data, key, rounds=ROUNDS):
 
 
 def run_reference(name, shared, personal, data, key, rounds=ROUNDS):
-  losses = []
+  data, losses = ref.per_client(data), []
   for t, (clients, mask) in enumerate(rounds):
     shared, personal, loss = ref.masked_round(
         name, shared, personal, jax.random.fold_in(key, t), data, HP, clients, mask,
@@ -156,11 +158,12 @@ def test_reference_forward_matches_the_model():
                              atol=ATOL)
 
 
-@pytest.mark.parametrize("name, counts", [
-    *(pytest.param(name, COUNTS, id=name) for name in ref.ALGORITHMS),
-    *(pytest.param(name, WIDE_COUNTS, id=f"{name}-wide") for name in ("fedrep", "fedavg"))])
-def test_rounds_match_reference(name, counts):
-  data = make_data(counts=counts)
+@pytest.mark.parametrize("name, counts, layout", [
+    *(pytest.param(name, COUNTS, client_datasets, id=name) for name in ref.ALGORITHMS),
+    *(pytest.param(name, WIDE_COUNTS, layout, id=f"{name}-wide-{layout.__name__}")
+      for name in ("fedrep", "fedavg") for layout in (client_datasets, flat_clients))])
+def test_rounds_match_reference(name, counts, layout):
+  data = make_data(counts=counts, layout=layout)
   algorithm = make(name)
   state = initial_state(algorithm, data)
   shared, personal = to_reference(state, data.num_clients)
@@ -202,14 +205,18 @@ EVAL_METRICS = ("test_accuracy", "test_accuracy_weighted", "test_accuracy_std",
                 "test_accuracy_p10", "test_clients")
 
 
-@pytest.mark.parametrize("name,ft_epochs,test_counts", [
-    ("fedrep", 0, None), ("fedavg-ft", 2, None), ("fedrep", 0, [3, 0, 5, 0, 1, 5]),
-    ("fedavg-ft", 2, [0, 0, 0, 0, 4, 0])])
-def test_evaluation_matches_reference(name, ft_epochs, test_counts):
+@pytest.mark.parametrize("name,ft_epochs,test_counts,counts,layout", [
+    ("fedrep", 0, None, COUNTS, client_datasets), ("fedavg-ft", 2, None, COUNTS, client_datasets),
+    ("fedrep", 0, [3, 0, 5, 0, 1, 5], COUNTS, client_datasets),
+    ("fedavg-ft", 2, [0, 0, 0, 0, 4, 0], COUNTS, client_datasets),
+    ("fedrep", 0, None, WIDE_COUNTS, flat_clients),
+    ("fedavg-ft", 2, None, WIDE_COUNTS, flat_clients)])
+def test_evaluation_matches_reference(name, ft_epochs, test_counts, counts, layout):
   """Evaluation of a state trained by the reference's rounds (the package's rounds agree
   with them, tested above), so that the package compiles evaluate only; with test_counts,
-  some clients have no test samples (left out of every metric)."""
-  data = make_data()
+  some clients have no test samples (left out of every metric); heavy-tailed clients in a
+  flat store."""
+  data = make_data(counts=counts, layout=layout)
   if test_counts is not None:
     data = data.replace(test_counts=jnp.asarray(test_counts, jnp.int32))
   algorithm = make(name, ft_epochs=2)
@@ -220,7 +227,7 @@ def test_evaluation_matches_reference(name, ft_epochs, test_counts):
   state = from_reference(state, shared, personal)
   metrics = jitted(algorithm, "evaluate")(state, data, HP)
   shared, personal = to_reference(state, data.num_clients)
-  expected = ref.evaluate(shared, personal, data, HP, ft_epochs=ft_epochs,
+  expected = ref.evaluate(shared, personal, ref.per_client(data), HP, ft_epochs=ft_epochs,
                           eval_key=state.eval_key, batch_size=STRUCTURE["batch_size"])
   assert set(metrics) == set(EVAL_METRICS)
   for metric in EVAL_METRICS:

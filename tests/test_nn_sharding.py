@@ -21,6 +21,7 @@ import pytest
 
 import fedjax_rep as fr
 from fedjax_rep.core import sharding
+from fedjax_rep.data import flat
 from fedjax_rep.nn.fedavg import FedAvg
 from conftest import emulated_devices_env
 
@@ -28,7 +29,10 @@ HP = fr.nn_hparams(lr=0.1, momentum=0.5, weight_decay=1e-3)
 MODEL = fr.make_model("digits-mlp", 10)
 NUM_CLIENTS, GROUPS, ROUNDS, DEVICES = 16, 8, 3, 8
 # run: (algorithm, cohort, devices of the sharded side); fedavg-ft tests the evaluation keys
+# (with "flat": the clients in a flat store of unequal sizes, laid out for the devices)
 RUNS = {"fedrep-full": ("fedrep", 16, 8), "fedrep-partial": ("fedrep", 8, 8),
+        "fedrep-flat-partial": ("fedrep", 8, 8, "flat"),
+        "fedavg-ft-flat-partial": ("fedavg-ft", 8, 4, "flat"),
         "fedavg-full": ("fedavg", 16, 8), "fedavg-ft-partial": ("fedavg-ft", 8, 4),
         "scaffold-partial": ("scaffold", 8, 8), "fedrod-partial": ("fedrod", 8, 8),
         "fedbabu-partial": ("fedbabu", 8, 4), "fed-mtl-partial": ("fed-mtl", 8, 8),
@@ -36,9 +40,15 @@ RUNS = {"fedrep-full": ("fedrep", 16, 8), "fedrep-partial": ("fedrep", 8, 8),
 CHILD_TIMEOUT = 300  # seconds for all the sharded runs
 
 
-def small_data(num_clients=NUM_CLIENTS):
-  """The first `num_clients` of digits split over 40 clients (~34 samples each)."""
-  return jax.tree.map(lambda a: a[:num_clients], fr.digits.federated(40, "classes", 2, seed=0))
+def small_data(num_clients=NUM_CLIENTS, layout="padded"):
+  """The first `num_clients` of digits split over 40 clients (~34 samples each); "flat":
+  in a flat store, client i keeping (1 + i % 3) / 3 of its training samples (unequal
+  sizes, three size classes)."""
+  data = jax.tree.map(lambda a: a[:num_clients], fr.digits.federated(40, "classes", 2, seed=0))
+  if layout == "padded":
+    return data
+  counts = np.asarray(data.counts) * (1 + np.arange(num_clients) % 3) // 3
+  return flat.from_padded(data.replace(counts=counts))
 
 
 def algorithm(name, cohort, devices, cohort_groups=GROUPS):
@@ -48,12 +58,14 @@ def algorithm(name, cohort, devices, cohort_groups=GROUPS):
 
 
 @functools.cache
-def outcome(name, cohort, devices) -> dict:
+def outcome(name, cohort, devices, layout="padded") -> dict:
   """{name: numpy array} of a ROUNDS-round run: train_loss [ROUNDS], the final
   evaluation's metrics, and the final shared and personal params (cached: the unsharded
   runs serve several tests)."""
-  data = small_data()
+  data = small_data(layout=layout)
   if devices is not None:
+    if layout == "flat":
+      data = flat.for_devices(data, devices)
     data = sharding.shard_clients(data, sharding.client_mesh(devices))
   result = fr.run(algorithm(name, cohort, devices), data, HP, jax.random.key(0), ROUNDS,
                   progress=False)
@@ -122,8 +134,8 @@ def sharded(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("run", list(RUNS))
 def test_sharded_rounds_equal_the_unsharded_ones(sharded, run):
-  name, cohort, _ = RUNS[run]
-  expected = outcome(name, cohort, None)  # while the child computes
+  name, cohort, _, *layout = RUNS[run]
+  expected = outcome(name, cohort, None, *layout)  # while the child computes
   chex.assert_trees_all_close(sharded.result(run), expected, rtol=1e-5, atol=1e-6)
 
 

@@ -85,7 +85,7 @@ def test_client_sizes_are_lognormal_plus_50():
 
 def test_federated_splits_each_client_90_10():
   d = synthetic.generate(0.5, 0.5, 20, 3, max_samples=200)
-  fed = synthetic.federated(0.5, 0.5, 20, 3, max_samples=200)
+  fed = synthetic.federated(0.5, 0.5, 20, 3, max_samples=200, layout="padded")
   sizes = np.array([len(y) for y in d["y"]])
   counts, test_counts = np.asarray(fed.counts), np.asarray(fed.test_counts)
   np.testing.assert_array_equal(counts, (0.9 * sizes).astype(int))
@@ -101,6 +101,14 @@ def test_federated_splits_each_client_90_10():
     np.testing.assert_array_equal(x_test[k, :t], d["x"][k][n:])
     np.testing.assert_array_equal(y_test[k, :t], d["y"][k][n:])
     assert not x[k, n:].any() and not x_test[k, t:].any()
+  store = synthetic.federated(0.5, 0.5, 20, 3, max_samples=200)  # flat: the samples once
+  np.testing.assert_array_equal(store.counts, counts)
+  np.testing.assert_array_equal(store.test_counts, test_counts)
+  assert store.x.shape == (sizes.sum(), D) and store.x.dtype == np.float32
+  np.testing.assert_array_equal(store.x, np.concatenate(d["x"]))
+  np.testing.assert_array_equal(store.y, np.concatenate(d["y"]))
+  np.testing.assert_array_equal(store.offsets, np.cumsum(sizes) - sizes)
+  np.testing.assert_array_equal(store.test_offsets, np.cumsum(sizes) - sizes + counts)
 
 
 @pytest.mark.parametrize("max_samples, test_fraction", [(2, 0.1), (2, 0.9), (60, 0.99)])
@@ -121,7 +129,7 @@ def test_deterministic_from_the_seed():
   assert all(np.array_equal(a, b) for a, b in zip(first, again))
   assert not any(np.array_equal(a, b) for a, b in zip(first[:5], other[:5]))
   fed, fed_again = (synthetic.federated(1.0, 1.0, 4, 2, max_samples=100) for _ in range(2))
-  assert np.array_equal(fed.x, fed_again.x) and np.array_equal(fed.y_test, fed_again.y_test)
+  assert np.array_equal(fed.x, fed_again.x) and np.array_equal(fed.y, fed_again.y)
 
 
 def test_dim_and_num_classes():

@@ -2,6 +2,7 @@
 dicts with '/'-joined keys (as flax.traverse_util's, without importing flax)."""
 
 from collections.abc import Mapping
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,18 @@ def scatter(tree, clients: jax.Array, rows):
     The pytree with leaves [n, ...].
   """
   return jax.tree.map(lambda leaf, new: leaf.at[clients].set(new), tree, rows)
+
+
+def client_map(fn: Callable, per_client, group: int | None):
+  """fn applied to every client of `per_client` (a pytree with leading axis c): `vmap` over
+  groups of `group` clients, the groups one after another (`lax.map` with batch_size), so
+  XLA's temporaries are those of one group. group=None: one vmap over all c. Arguments
+  shared by all clients are closed over by `fn` (unbatched: e.g. the frozen body)."""
+  if group is None:
+    return jax.vmap(fn)(per_client)
+  if group == 1:  # a plain scan: XLA:CPU runs vmaps of size 1 as slower batched dots
+    return jax.lax.map(fn, per_client)
+  return jax.lax.map(fn, per_client, batch_size=group)
 
 
 def stack(trees):

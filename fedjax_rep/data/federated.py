@@ -12,6 +12,7 @@ import numpy as np
 from fedjax_rep.core import checks
 from fedjax_rep.core import struct
 from fedjax_rep.core import tree
+from fedjax_rep.data import flat
 
 
 @struct.dataclass
@@ -120,9 +121,36 @@ class ClientDatasets:
     del key
     return self.x[clients], self.y[clients], self.counts[clients]
 
+  def input_spec(self, runs: int = 0) -> jax.ShapeDtypeStruct:
+    """The shape and dtype of one input (x after its `runs` leading run axes, client and
+    row axes)."""
+    return jax.ShapeDtypeStruct(self.x.shape[runs + 2:], self.x.dtype)
+
+  def client_spec(self) -> tuple:
+    """Shapes and dtypes of one client's (x [m, ...], y [m], count [])."""
+    return (jax.ShapeDtypeStruct(self.x.shape[1:], self.x.dtype),
+            jax.ShapeDtypeStruct(self.y.shape[1:], self.y.dtype),
+            jax.ShapeDtypeStruct((), self.counts.dtype))
+
+  def map_clients(self, fn, per_client, clients: jax.Array, group: int | None,
+                  test: bool = False):
+    """fn(args, x [m, ...], y [m], count) for each of the clients `clients` [c], with its
+    leaves of `per_client` (leading axis c) and its padded training data (test=True: also
+    x_test [t, ...], y_test [t], test_count), in groups of `group` (`tree.client_map`; each
+    group fetches its own clients' data). Returns fn's outputs, leaves [c, ...]."""
+    def client(args):
+      client_args, i = args
+      data = (self.x[i], self.y[i], self.counts[i])
+      if test:
+        data += (self.x_test[i], self.y_test[i], self.test_counts[i])
+      return fn(client_args, *data)
+
+    return tree.client_map(client, (per_client, clients), group)
+
 
 def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
-  """One ClientDatasets with a leading axis over `datasets` (e.g. seeds).
+  """One ClientDatasets with a leading axis over `datasets` (e.g. seeds); of FlatClients,
+  `flat.stack`.
 
   Each is padded with zero rows to the largest m and t among them.
 
@@ -139,8 +167,11 @@ def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
       (`ClientDatasets.check_layout`), or datasets that differ in n, input shape or dtype, or
       num_classes.
   """
-  if isinstance(datasets, ClientDatasets) or not len(datasets):
-    got = "one ClientDatasets" if isinstance(datasets, ClientDatasets) else "none"
+  one = isinstance(datasets, (ClientDatasets, flat.FlatClients))
+  if not one and len(datasets) and all(isinstance(d, flat.FlatClients) for d in datasets):
+    return flat.stack(datasets)
+  if one or not len(datasets):
+    got = f"one {type(datasets).__name__}" if one else "none"
     raise ValueError(f"stack takes a non-empty list of ClientDatasets (e.g. one per seed); got "
                      f"{got}")
   kinds = lambda d: {"clients": d.x.shape[0], "input shape": tuple(d.x.shape[2:]),
@@ -271,3 +302,12 @@ def client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes: int,
   xt, yt, test_counts = pad(x_test, y_test, test_parts, test_size)
   return jax.device_put(ClientDatasets(x=xs, y=ys, counts=counts, x_test=xt, y_test=yt,
                                        test_counts=test_counts, num_classes=num_classes))
+
+
+def natural(x, y, parts, x_test, y_test, test_parts, num_classes: int):
+  """Clients at their natural sizes, given as `client_datasets` takes them: ClientDatasets
+  where every client has as many training rows as the others (no training row is padded),
+  else a flat store whose memory and work follow the real samples (`flat.flat_clients`)."""
+  if len({len(p) for p in parts}) == 1:
+    return client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes)
+  return flat.flat_clients(x, y, parts, x_test, y_test, test_parts, num_classes)

@@ -16,7 +16,7 @@ import re
 
 import numpy as np
 
-from fedjax_rep.data.federated import ClientDatasets, client_datasets
+from fedjax_rep.data import federated
 from fedjax_rep.data.missing import DataMissing
 
 LEAF_URL = "https://github.com/TalwalkarLab/leaf"
@@ -129,8 +129,9 @@ def select_users(train_sizes: dict, test_sizes: dict, num_clients: int, seed: in
   return [eligible[i] for i in chosen]
 
 
-def _natural(train: dict, test: dict, users: list, num_classes: int) -> ClientDatasets:
-  """ClientDatasets whose client i holds users[i]'s (x, y) of train and of test."""
+def _natural(train: dict, test: dict, users: list, num_classes: int):
+  """The clients (`federated.natural`: a flat store where their sizes differ) whose client i
+  holds users[i]'s (x, y) of train and of test."""
   def joined(data):
     x = np.concatenate([data[u][0] for u in users])
     y = np.concatenate([data[u][1] for u in users])
@@ -139,7 +140,7 @@ def _natural(train: dict, test: dict, users: list, num_classes: int) -> ClientDa
 
   x, y, parts = joined(train)
   x_test, y_test, test_parts = joined(test)
-  return client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes=num_classes)
+  return federated.natural(x, y, parts, x_test, y_test, test_parts, num_classes)
 
 
 def _sizes(data: dict) -> dict:
@@ -148,10 +149,11 @@ def _sizes(data: dict) -> dict:
 
 
 def femnist_natural(num_clients: int, seed: int = 0, min_samples: int = 1,
-                    directory: str | None = None) -> ClientDatasets:
-  """FEMNIST with its writers as clients: num_clients writers (see select_users), x
-  [num_clients, m, 28, 28, 1] float32 and x_test [num_clients, t, 28, 28, 1] (m, t: the
-  largest writer), labels int32 in 0..61, num_classes 62."""
+                    directory: str | None = None):
+  """FEMNIST with its writers as clients, each with its own number of samples: num_clients
+  writers (see select_users) as `federated.natural` holds them (a flat store where their
+  sizes differ: `flat.FlatClients`), inputs [28, 28, 1] float32, labels int32 in 0..61,
+  num_classes 62."""
   path = require("femnist", directory)
   train, test = _read(path, "train", _femnist), _read(path, "test", _femnist)
   users = select_users(_sizes(train), _sizes(test), num_clients, seed, min_samples)
@@ -264,10 +266,11 @@ def glove_embeddings(path: str, vocab: dict, seed: int = 0) -> np.ndarray:
 def sent140_natural(num_clients: int, seed: int = 0, max_len: int = 25,
                     vocab_size: int = 10000, min_samples: int = 1,
                     glove_path: str | None = None, directory: str | None = None):
-  """(ClientDatasets, vocab_size, embeddings) of Sent140 with its Twitter users as clients.
+  """(clients, vocab_size, embeddings) of Sent140 with its Twitter users as clients.
 
-  num_clients users (see select_users); x [num_clients, m, max_len] and x_test
-  [num_clients, t, max_len] are int32 token ids (see encode) over the vocabulary of the
+  num_clients users (see select_users), each with its own number of tweets, as
+  `federated.natural` holds them (a flat store where their sizes differ); the inputs
+  [max_len] are int32 token ids (see encode) over the vocabulary of the
   chosen users' training tweets (see vocabulary), the same with or without GloVe; y, y_test
   int32 0 (negative) / 1 (positive), num_classes 2. The returned vocab_size (<= the
   argument) counts every id, PAD and UNKNOWN included. embeddings [vocab_size, dim] float32

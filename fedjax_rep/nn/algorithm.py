@@ -35,7 +35,6 @@ from fedjax_rep.nn import conventions
 from fedjax_rep.nn import evaluation
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import sharded
-from fedjax_rep.nn import train
 from fedjax_rep.nn.hparams import NNHparams
 from fedjax_rep.nn.model_steps import ModelSteps
 from fedjax_rep.nn.state import NNState, RoundInfo
@@ -116,8 +115,9 @@ class Personalized(ModelSteps):
   # -- the algorithm ---------------------------------------------------------------------
   def check(self, data, hparams: NNHparams) -> None:
     """The checks of a run, before anything compiles: the data's own, 1 <= cohort <=
-    num_clients, the sharding, hparams' options and this algorithm's hooks
-    (`contract.check`)."""
+    num_clients, the sharding (a flat store laid out for its devices), hparams' options and
+    this algorithm's hooks (`contract.check`)."""
+    sharded.check_data(self, data)
     contract.check(self, data, hparams)
     sharded.check(self, data.num_clients)
 
@@ -127,7 +127,8 @@ class Personalized(ModelSteps):
     last cohort with eval_clients="cohort"; laid out on the client mesh when sharded."""
     sharded.check(self, data.num_clients)
     key_model, key_eval = jax.random.split(key)
-    sample = jnp.zeros((1, *data.x.shape[2:]), data.x.dtype)
+    spec = data.input_spec()
+    sample = jnp.zeros((1, *spec.shape), spec.dtype)
     flat = params_lib.flatten(self.model.init(key_model, sample)["params"])
     shared, personal = self.initial_parts(flat)
     personal = jax.tree.map(lambda p: jnp.broadcast_to(p, (data.num_clients, *p.shape)),
@@ -185,13 +186,12 @@ class Personalized(ModelSteps):
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, clients)
     old_personal = tree.gather(state.personal, rows)
 
-    def client(args):  # fetches its own data: the cohort's is never copied out as a whole
-      personal, row, client_key = args
-      x, y, count = jax.tree.map(lambda a: a[0], data.batch(key, row[None]))
+    def client(args, x, y, count):
+      personal, client_key = args
       return self.client_update(state.shared, personal, x, y, count, client_key, hparams,
                                 info)
 
-    sent, personal, losses = train.client_map(client, (old_personal, rows, keys),
+    sent, personal, losses = data.map_clients(client, (old_personal, keys), rows,
                                               self.client_group)
     weights = conventions.client_weights(data, rows, hparams, mask)
     if mask is not None:

@@ -89,10 +89,12 @@ def check_hooks(algorithm, data, hparams) -> None:
   alone = dataclasses.replace(algorithm, devices=None, cohort_groups=None)
   per_run = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # a sweep's axis dropped
   hp = jax.tree.map(per_run, hparams)
-  key = (alone, data.x.shape, data.x.dtype, jax.tree.structure(hp))
+  client = data.client_spec()
+  key = (alone, tuple((a.shape, a.dtype) for a in client), jax.tree.structure(hp))
   if key in _PROBED:
     return
-  sample = jax.ShapeDtypeStruct((1, *data.x.shape[2:]), data.x.dtype)
+  spec = data.input_spec()
+  sample = jax.ShapeDtypeStruct((1, *spec.shape), spec.dtype)
   flat = params_lib.flatten(jax.eval_shape(
       lambda x: algorithm.model.init(jax.random.key(0), x), sample)["params"])
   labels = _probe(alone, "labels", alone.labels, flat, shapes=False)
@@ -107,10 +109,7 @@ def check_hooks(algorithm, data, hparams) -> None:
   if type(alone).train_clients is not Personalized.train_clients:
     _PROBED.add(key)
     return
-  m = data.x.shape[1]
   personal = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), state.personal)
-  client = (jax.ShapeDtypeStruct((m, *data.x.shape[2:]), data.x.dtype),
-            jax.ShapeDtypeStruct((m,), data.y.dtype), jax.ShapeDtypeStruct((), data.counts.dtype))
   info = alone.round_info(state, data.num_clients)
   out = _probe(alone, "client_update", lambda s, p, x, y, c, h, i: alone.client_update(
       s, p, x, y, c, jax.random.key(0), h, i), state.shared, personal, *client, hp, info)

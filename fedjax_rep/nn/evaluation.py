@@ -21,14 +21,13 @@ def evaluate(algorithm, state, data, hparams) -> dict:
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
         jax.random.wrap_key_data(state.eval_key), offset + jnp.arange(data.num_clients))
 
-    def client(args):
-      personal, x, y, count, key, x_test, y_test, test_count = args
+    def client(args, x, y, count, x_test, y_test, test_count):
+      personal, key = args
       flat = algorithm.eval_params(state.shared, personal, x, y, count, key, hparams)
       return train.tested(algorithm.logits(flat, x_test), y_test, test_count)
 
-    return train.client_map(client, (state.personal, data.x, data.y, data.counts, keys,
-                                     data.x_test, data.y_test, data.test_counts),
-                            algorithm.client_group)
+    return data.map_clients(client, (state.personal, keys), jnp.arange(data.num_clients),
+                            algorithm.client_group, test=True)
 
   if algorithm.devices is None:
     return accuracy_metrics(*tested(state, data, 0), test_counts)
@@ -41,15 +40,14 @@ def new_clients(algorithm, body: dict, head: dict, data, hparams, key, epochs: i
   their training data (new client i with the i-th of split(key, n))."""
   keys = jax.random.split(key, data.num_clients)
 
-  def client(args):
-    x, y, count, client_key, x_test, y_test, test_count = args
+  def client(client_key, x, y, count, x_test, y_test, test_count):
     new_head, _ = algorithm.train_head(body, head, x, y, count, client_key, hparams, epochs)
     logits = algorithm.logits(params_lib.merge(body, new_head), x_test)
     return train.tested(logits, y_test, test_count)
 
-  return accuracy_metrics(*train.client_map(
-      client, (data.x, data.y, data.counts, keys, data.x_test, data.y_test, data.test_counts),
-      algorithm.client_group), data.test_counts)
+  return accuracy_metrics(*data.map_clients(client, keys, jnp.arange(data.num_clients),
+                                            algorithm.client_group, test=True),
+                          data.test_counts)
 
 
 def accuracy_metrics(accuracies: jax.Array, hits: jax.Array, test_counts: jax.Array) -> dict:

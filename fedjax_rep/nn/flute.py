@@ -137,17 +137,22 @@ class Flute(Personalized):
     """`Personalized.masked_round` (local training, bodies averaged), then `nc_step` on the
     heads of the clients that trained (clients [c] where mask [c] is True)."""
     state, metrics = super().masked_round(state, key, data, hparams, clients, mask)
-    _, y, counts = data.batch(key, clients)  # (x unused: dropped under jit)
     kernels = state.personal[KERNEL]
-    classes = nc.class_mask(y, counts, kernels.shape[-1])
+    classes = self.class_masks(data, clients, kernels.shape[-1])
     trained = jnp.ones(clients.shape, bool) if mask is None else mask
     stepped = self.nc_step(kernels[clients], classes, trained)
     return state.replace(personal={**state.personal,
                                    KERNEL: kernels.at[clients].set(stepped)}), metrics
 
+  def class_masks(self, data, clients: jax.Array, classes: int) -> jax.Array:
+    """The classes [c, classes] (bool) present in the training labels of clients `clients`
+    [c]."""
+    return data.map_clients(lambda _, x, y, count: nc.class_mask(y, count, classes), clients,
+                            clients, self.client_group)
+
   def evaluate(self, state, data, hparams) -> dict:
     """`Personalized.evaluate` and the NC2 metrics of every client's head on the classes of
     its training data: global_nc2 and local_nc2 (`neural_collapse.nc2_metrics`)."""
     kernels = state.personal[KERNEL]
-    classes = nc.class_mask(data.y, data.counts, kernels.shape[-1])
+    classes = self.class_masks(data, jnp.arange(data.num_clients), kernels.shape[-1])
     return {**super().evaluate(state, data, hparams), **nc.nc2_metrics(kernels, classes)}

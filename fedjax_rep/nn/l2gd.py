@@ -57,13 +57,11 @@ class L2GD(Personalized):
       moved = jax.tree.map(
           lambda m, c: m - moves.reshape(-1, *[1] * (m.ndim - 1)) * (m - c), models, center)
 
-      def client_loss(args):
-        flat, client_id = args
-        x, y, count = jax.tree.map(lambda a: a[0], data.batch(key_clients, client_id[None]))
+      def client_loss(flat, x, y, count):
         real = (jnp.arange(x.shape[0]) < count).astype(jnp.float32)
         return train.cross_entropy(self.logits(flat, x), y, real)
 
-      losses = train.client_map(client_loss, (models, clients), self.client_group)
+      losses = data.map_clients(client_loss, models, clients, self.client_group)
       state_out = state.replace(personal=tree.scatter(state.personal, clients, moved))
       return (self.finish_round(state_out, clients, weights, mask, hparams),
               {"train_loss": aggregate.weighted_mean(losses, weights)})

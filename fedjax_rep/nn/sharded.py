@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import sharding
+from fedjax_rep.data import flat
 
 # Leading (client) axis split over the client mesh's devices.
 BY_CLIENT = PartitionSpec(sharding.CLIENTS)
@@ -79,6 +80,26 @@ def place(algorithm, state):
       is_leaf=lambda x: isinstance(x, PartitionSpec)))
 
 
+def check_data(algorithm, data) -> None:
+  """Raises ValueError unless a flat store (`data.flat.FlatClients`) is laid out for the
+  devices `algorithm` runs on: in one block unsharded, in `devices` blocks sharded."""
+  if not isinstance(data, flat.FlatClients) or data.blocks == (algorithm.devices or 1):
+    return
+  if algorithm.devices is None:
+    raise ValueError(f"the data's store is laid out for {data.blocks} devices "
+                     f"(`flat.for_devices`) but {algorithm.name} runs on one (devices=None): "
+                     f"use devices={data.blocks} or data not laid out for devices")
+  raise ValueError(f"{algorithm.name} runs on devices={algorithm.devices} but the data's flat "
+                   f"store is laid out for {data.blocks}: lay it out with "
+                   f"flat.for_devices(data, {algorithm.devices})")
+
+
+def device_part(data):
+  """This device's part of `data` inside a shard_map over the client mesh: a flat store's
+  block as a store of its own; padded data as they are."""
+  return data.replace(blocks=1) if isinstance(data, flat.FlatClients) else data
+
+
 def device_offset(held: int) -> jax.Array:
   """The global index [] of the first client of this device, inside a shard_map over the
   client mesh whose devices hold `held` clients each."""
@@ -97,6 +118,7 @@ def round(algorithm, state, key_cohort, key_clients, data, hparams):
   info = algorithm.round_info(state, num_clients)
 
   def local(state, data):  # this device's clients: offset + range(data.num_clients)
+    data = device_part(data)
     offset = device_offset(data.num_clients)
     group_ids = offset // (num_clients // groups) + jnp.arange(groups // algorithm.devices)
     clients = cohort_lib.sample_grouped(key_cohort, num_clients, algorithm.cohort, groups,
@@ -133,6 +155,7 @@ def tested(algorithm, tested_fn, state, data):
   """tested_fn(state, data, offset) (each client's `train.tested`, [n]) with each device
   testing the clients it holds (one shard_map; check_vma off: fine-tuning's scans)."""
   def local(state, data):
+    data = device_part(data)
     return tested_fn(state, data, device_offset(data.num_clients))
 
   return jax.shard_map(local, mesh=sharding.client_mesh(algorithm.devices),

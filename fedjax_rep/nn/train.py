@@ -2,11 +2,12 @@
 
 A client's dataset is padded to m rows, of which the first `count` are real. Each epoch
 draws a shuffle of the real rows (from the client's own key, `fold_in(round_key,
-client_id)`, folded with the epoch), cuts it into ceil(m / batch_size) minibatches, and
-masks what lies past the client's data: padding rows weigh 0 in the loss (a minibatch's
-loss is the mean over its real rows) and a step with no real row leaves the parameters
-and the optimiser state unchanged. So a client trains exactly as it would alone on its
-unpadded data, whatever the padding, and all clients of a cohort run as one `vmap`.
+client_id)`, folded with the epoch; the shuffle is drawn over the m rows), cuts it into
+minibatches and runs the ceil(count / batch_size) of them that hold real rows (a loop
+with that trip count): padding rows weigh 0 in the loss (a minibatch's loss is the mean
+over its real rows) and no step runs on padding alone. So a client trains as it would
+alone on its unpadded data, and all clients of a cohort run as one `vmap` (whose loop
+runs as many steps as its largest client needs, the others' parameters held).
 """
 
 import math
@@ -129,22 +130,21 @@ def sgd_epochs_from(loss_fn: Callable, params, opt_state, x: jax.Array, y: jax.A
     key_order, key_steps = jax.random.split(epoch_key)
     order = jnp.pad(epoch_order(key_order, count, size), (0, steps * batch_size - size))
 
-    def step(carry, inputs):
+    def step(s, carry):  # step s < ceil(count / batch_size): it has a real row
       params, opt_state, total = carry
-      start, step_key = inputs
+      start = s * batch_size
+      step_key = step_keys[s]
       rows = jax.lax.dynamic_slice_in_dim(order, start, batch_size)
       weights = ((start + jnp.arange(batch_size)) < count).astype(jnp.float32)
-      loss, new_params, new_opt_state = sgd_step(grad_fn, tx, params, opt_state, x[rows],
-                                                 y[rows], weights, step_key)
+      loss, new_params, opt_state = sgd_step(grad_fn, tx, params, opt_state, x[rows], y[rows],
+                                             weights, step_key)
       if trainable is not None:
         new_params = jax.tree.map(jnp.where, trainable, new_params, params)
-      real = start < count
-      params, opt_state = otu.tree_where(real, (new_params, new_opt_state),
-                                         (params, opt_state))
-      return (params, opt_state, total + jnp.where(real, loss, 0.0)), None
+      return new_params, opt_state, total + loss
 
-    starts = jnp.arange(steps) * batch_size
-    return jax.lax.scan(step, carry, (starts, jax.random.split(key_steps, steps)))[0]
+    step_keys = jax.random.split(key_steps, steps)
+    real_steps = jnp.minimum((count + batch_size - 1) // batch_size, steps)
+    return jax.lax.fori_loop(0, real_steps, step, carry)
 
   carry = (params, opt_state, jnp.float32(0.0))
   params, opt_state, total = jax.lax.scan(epoch, carry, (jnp.arange(epochs),
@@ -159,15 +159,3 @@ def tested(logits: jax.Array, labels: jax.Array, count: jax.Array):
   real = jnp.arange(labels.shape[0]) < count
   hits = jnp.sum((jnp.argmax(logits, axis=-1) == labels) & real, dtype=jnp.int32)
   return hits / jnp.maximum(count, 1), hits
-
-
-def client_map(fn: Callable, per_client, group: int | None):
-  """fn applied to every client of `per_client` (a pytree with leading axis c): `vmap` over
-  groups of `group` clients, the groups one after another (`lax.map` with batch_size), so
-  XLA's temporaries are those of one group. group=None: one vmap over all c. Arguments
-  shared by all clients are closed over by `fn` (unbatched: e.g. the frozen body)."""
-  if group is None:
-    return jax.vmap(fn)(per_client)
-  if group == 1:  # a plain scan: XLA:CPU runs vmaps of size 1 as slower batched dots
-    return jax.lax.map(fn, per_client)
-  return jax.lax.map(fn, per_client, batch_size=group)

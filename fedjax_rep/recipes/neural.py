@@ -235,7 +235,7 @@ def shared_program(config, own, own_hparams, peers, data) -> tuple:
   with the flags of config's conventions that the program takes (`Conventions.options`),
   and of config's options only those the program declares (`hparams.declared`); data: the
   runs' ClientDatasets (x [runs, n, m, ...])."""
-  example = jax.ShapeDtypeStruct(data.x.shape[3:], data.x.dtype)  # one input, not sliced
+  example = data.input_spec(runs=1)  # one input, not sliced
   program, program_hparams = program_lib.program(own, own_hparams, peers, example)
   declared = hparams_lib.declared(program)
   return program, program_hparams.replace(options={

@@ -44,6 +44,16 @@ def device_count(config) -> int:
   return len(jax.devices()) if devices == "all" else devices
 
 
+def laid_out(data, config):
+  """`data` laid out for config's devices: a flat store (`data.flat.FlatClients`) in one
+  block per device (`flat.for_devices`) where there are several; otherwise as it is."""
+  from fedjax_rep.data import flat
+  devices = device_count(config)
+  if devices > 1 and isinstance(data, flat.FlatClients):
+    return flat.for_devices(data, devices)
+  return data
+
+
 def sharded(config) -> bool:
   """Whether `config` asks for more than one device or for cohort groups."""
   return getattr(config, "devices", 1) != 1 or getattr(config, "cohort_groups", None) is not None

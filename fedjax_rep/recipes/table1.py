@@ -19,6 +19,7 @@ from fedjax_rep.nn import fed_mtl
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import neural as common
+from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import plotting
 
 # The rows of FedRep's Table 1 in its order, then rows the paper does not have (EXTRA:
@@ -135,16 +136,17 @@ def check_paired(config, *names: str) -> None:
 def run(config, seeds: int, unit, progress, settings: list[dict], dataset, model) -> list:
   """metrics.csv rows of every algorithm of config.algorithms in every setting.
 
-  dataset(setting, seed) -> ClientDatasets; model: the Classifier. Settings with equal
-  num_clients run, with every seed, as one program per algorithm (cached unit
-  '<algorithm>-n<num_clients>')."""
+  dataset(setting, seed) -> ClientDatasets or FlatClients (laid out for config's devices:
+  `placement.laid_out`); model: the Classifier. Settings with equal num_clients run, with
+  every seed, as one program per algorithm (cached unit '<algorithm>-n<num_clients>')."""
   seed_values = list(range(config.seed, config.seed + seeds))
   groups = {}
   for setting in settings:
     groups.setdefault(setting["num_clients"], []).append(setting)
   rows = []
   for num_clients, group in groups.items():
-    data = federated.stack([dataset(s, seed) for s in group for seed in seed_values])
+    data = federated.stack([placement.laid_out(dataset(s, seed), config) for s in group
+                            for seed in seed_values])
     group_keys = common.run_keys(seed_values, len(group))  # run i*seeds + j: setting i
     for name in config.algorithms:
       result = common.trained(unit, f"{name}-n{num_clients}", name, config, model, data,

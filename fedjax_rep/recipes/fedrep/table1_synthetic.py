@@ -3,7 +3,8 @@ FedProx/LEAF federated benchmark that needs no download.
 
 Each client k has its own softmax-regression model (W_k, b_k) and input mean v_k, drawn
 with heterogeneity alpha (models) and beta (inputs) (`data.synthetic`); client sizes are
-log-normal (capped at `max_samples`), 60-dimensional inputs, 10 classes. Settings
+LEAF's log-normal ones, uncapped (`max_samples` caps them), held in a flat store
+(`data.flat`: memory and work follow the real samples), 60-dimensional inputs, 10 classes. Settings
 Synthetic(0,0), (0.5,0.5), (1,1), all run as one program per algorithm. Every algorithm
 of FedRep's Table 1 trains the same MLP (`synthetic-mlp`, the body's last layer the
 representation, the head the last layer) with FedRep's schedule (10 head epochs + 1
@@ -33,8 +34,9 @@ class Config(table1.Fields):
                              "model heterogeneity alpha of each setting")
   beta: tuple = cfg.setting((0.0, 0.5, 1.0), cfg.Check(float, low=0.0, sequence=True),
                             "input heterogeneity beta of each setting (paired with alpha)")
-  max_samples: int = cfg.positive_int("cap on a client's samples (log-normal sizes)", 250,
-                                      low=10)
+  max_samples: int | None = cfg.setting(
+      None, cfg.Check(int, low=10, optional=True, auto="no cap: LEAF's natural sizes"),
+      "cap on a client's samples (log-normal sizes)")
   test_fraction: float = cfg.setting(0.2, cfg.Check(float, low=0.0, high=0.5, open_low=True),
                                      "fraction of each client's samples held out for testing")
   lr: float = cfg.lr(0.05, "step size of local SGD")
