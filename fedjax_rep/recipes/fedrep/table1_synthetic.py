@@ -68,7 +68,9 @@ def summarize(rows, config: Config):
 def plot(rows, config: Config, file) -> None:
   table1.plot(rows, config, file, DATASET, settings(config),
               f"Synthetic(alpha, beta): n={config.num_clients}, r={config.participation}, "
-              f"{config.rounds} rounds")
+              f"{config.rounds} rounds, client sizes "
+              + ("uncapped" if config.max_samples is None else
+                 f"capped at {config.max_samples}"))
 
 
 RECIPE = register(Recipe(
