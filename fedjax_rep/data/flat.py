@@ -288,9 +288,9 @@ def for_devices(data: FlatClients, devices: int) -> FlatClients:
   size = max(len(rows) for rows, _, _ in blocks)
   store_x = aligned_empty((devices * size, *x.shape[1:]), x.dtype)
   store_y = np.zeros(devices * size, np.int32)
-  store_x[...] = 0
   for d, (rows, _, _) in enumerate(blocks):
     store_x[d * size:d * size + len(rows)] = x[rows]
+    store_x[d * size + len(rows):(d + 1) * size] = 0  # the block's padding only
     store_y[d * size:d * size + len(rows)] = y[rows]
   join = lambda k: np.concatenate([b[k] for b in blocks]).astype(np.int32)
   return jax.device_put(data.replace(x=store_x, y=store_y, offsets=join(1),
