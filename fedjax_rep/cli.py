@@ -172,14 +172,12 @@ def main(argv=None) -> int:
     recipe, what = _what_to_run(args)
     finished = args.resume and outputs.complete(args.resume)
     if finished:
-      # Every process of a job up (their collectives joined) before any ends: one that ends
-      # while another still connects takes the job's coordinator away from it.
-      distributed.barrier("fedjax-rep: a complete run")
       if distributed.is_writer():  # process 0 of a job reports it
         print(f"fedjax-rep: {args.resume} holds a complete run ({', '.join(finished)}): "
               f"nothing to resume, nothing written; to run it again: fedjax-rep run "
               f"--from-config {shlex.quote(os.path.join(args.resume, 'config.json'))} "
               f"--out NEW")
+      distributed.leave()
       return 0
     if args.no_compile_cache:
       compile_cache.disable()
@@ -220,6 +218,7 @@ def main(argv=None) -> int:
           f"{what['out']}. Resume with:\n  fedjax-rep run --resume {shlex.quote(what['out'])}",
           file=sys.stderr)
     return 128 + getattr(signal, stop.signal_name, signal.SIGTERM)
+  distributed.leave()
   if not distributed.is_writer():  # process 0 of the job reports what it wrote
     return 0
   summary = os.path.join(out, registry.get(recipe).summary_file)

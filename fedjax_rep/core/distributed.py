@@ -100,6 +100,14 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def leave() -> None:
+  """Leaves the job this process joined (nothing for one process): every process waits at
+  the coordination service's shutdown barrier, so process 0, which hosts the service, is
+  the last to go and no process loses the service while it still polls it."""
+  if jax.distributed.is_initialized():
+    jax.distributed.shutdown()
+
+
 def any_process(flag: bool) -> bool:
   """Whether `flag` is True on any process of the job (this process's flag for one)."""
   if not in_job():
