@@ -112,12 +112,12 @@ def _parser() -> argparse.ArgumentParser:
 def _what_to_run(args) -> tuple[str, dict]:
   """(recipe, run_to_dir's keywords quick, seeds, overrides, grid, out, plugins) from the
   command line, or from the config.json of --resume DIR (out = DIR) or --from-config PATH."""
-  from fedjax_rep.recipes import registry
+  from fedjax_rep.recipes import runner
   from fedjax_rep.recipes.config import ConfigError
   if not (args.resume or args.from_config):
     name = args.recipe or DEFAULT_RECIPE
     return name, {"quick": args.quick, "seeds": args.seeds, "overrides": args.overrides,
-                  "grid": args.grid, "out": args.out or registry.default_out(name),
+                  "grid": args.grid, "out": args.out or runner.default_out(name),
                   "plugins": args.plugin}
   option = "--resume" if args.resume else "--from-config"
   given = [flag for flag, value in (("a recipe name", args.recipe), ("--quick", args.quick),
@@ -135,20 +135,20 @@ def _what_to_run(args) -> tuple[str, dict]:
       raise ConfigError(f"--resume {args.resume} {problem}: give the --out directory of an "
                         f"earlier `fedjax-rep run`, or start a run in it with `fedjax-rep run "
                         f"RECIPE --out {shlex.quote(args.resume)}`")
-    what = registry.replay(os.path.join(args.resume, "config.json"))
+    what = runner.replay(os.path.join(args.resume, "config.json"))
     return what.pop("name"), {**what, "out": args.resume}
-  what = registry.replay(args.from_config)
+  what = runner.replay(args.from_config)
   name = what.pop("name")
-  return name, {**what, "out": args.out or registry.default_out(name)}
+  return name, {**what, "out": args.out or runner.default_out(name)}
 
 
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   if args.command == "list":
-    from fedjax_rep.recipes.plugins import PluginError
+    from fedjax_rep.recipes.config import ConfigError
     try:
       _list(args.plugin)
-    except PluginError as error:
+    except ConfigError as error:
       print(f"fedjax-rep: error: {error}", file=sys.stderr)
       return 2
     return 0
@@ -164,6 +164,7 @@ def main(argv=None) -> int:
   from fedjax_rep.recipes import config as cfg
   from fedjax_rep.recipes import outputs
   from fedjax_rep.recipes import registry
+  from fedjax_rep.recipes import runner
   what = {}
   try:
     if distributed.join() and not (args.resume or args.out):  # a job of several processes
@@ -186,7 +187,7 @@ def main(argv=None) -> int:
     if args.flat_threefry:
       threefry.use_flat()
     with checkpoint.stop_on_signals():
-      out = registry.run_to_dir(
+      out = runner.run_to_dir(
           recipe, **what, progress=not args.no_progress and distributed.is_writer(),
           overwrite=args.overwrite,
           checkpoint_rounds=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)

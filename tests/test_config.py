@@ -226,6 +226,7 @@ def test_every_recipes_configuration_replays(quick, tmp_path):
   (what --resume and --from-config read)."""
   import dataclasses
   from fedjax_rep.recipes import registry
+  from fedjax_rep.recipes import runner
   from fedjax_rep.data.missing import DataMissing
   for name in registry.all_recipes():
     try:
@@ -235,7 +236,7 @@ def test_every_recipes_configuration_replays(quick, tmp_path):
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps({"recipe": name, "quick": quick,
                                 "config": dataclasses.asdict(config)}))
-    what = registry.replay(str(path))
+    what = runner.replay(str(path))
     assert registry.resolve(name, quick=quick, overrides=what["overrides"]) == config, name
 
 

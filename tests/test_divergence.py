@@ -218,16 +218,16 @@ def test_each_diverged_run_is_named_by_its_algorithm_seed_setting_and_round():
   """fedrep-fig3's rows under --grid lr=0.1,1: num_clients is a setting column, lr is named
   by the grid label; one line per diverged run (its diverged round's row), none for a run
   that did not diverge."""
-  from fedjax_rep.recipes import registry, shared
+  from fedjax_rep.recipes import runner, shared
   diverged = np.array([[0, 1, 1], [0, 0, 0]], np.float32)  # seed 3 at round 2; seed 4 never
   rows = [{**row, "grid": f"lr={lr}"}
           for lr in (0.1, 1.0) for row in shared.round_rows(
               "fedrep", [3, 4], {"principal_angle": np.ones((2, 3)), "diverged": diverged},
               num_clients=100, lr=lr)]
-  assert registry.diverged_lines(rows) == [
+  assert runner.diverged_lines(rows) == [
       f"fedjax-rep: fedrep seed 3 (num_clients=100, grid lr={lr}) diverged at round 2; its "
       f"metrics are NaN from then on" for lr in (0.1, 1.0)]
-  assert registry.diverged_lines([r for r in rows if r["seed"] == 4]) == []
+  assert runner.diverged_lines([r for r in rows if r["seed"] == 4]) == []
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ import pytest
 from fedjax_rep import cli
 from fedjax_rep.core import checkpoint
 from fedjax_rep.recipes import outputs
-from fedjax_rep.recipes import registry
+from fedjax_rep.recipes import runner
 from test_resume import SMALL, metrics_text, run_cli, wait_for_checkpoint
 
 ARGS = [*SMALL, "--set", "rounds=6", "--no-progress"]
@@ -104,7 +104,7 @@ def test_a_directory_in_use_is_refused_naming_its_holder_until_a_sigkill_frees_i
                        f"{holder.pid} (a fedjax-rep run holds {out}/.lock); wait for it to "
                        f"end, or choose another --out"), command
     with pytest.raises(outputs.InUse, match=f"in use by process {holder.pid} "):
-      registry.run_to_dir("fedrep-fig3", quick=True, out=out, overwrite=True, progress=False)
+      runner.run_to_dir("fedrep-fig3", quick=True, out=out, overwrite=True, progress=False)
     assert holder.poll() is None, "the holder ended before the refusals were tested"
     assert snapshot(out, skip="parts") == before
   finally:
@@ -125,10 +125,10 @@ def test_a_lock_of_this_process_is_refused_too_and_freed_when_run_to_dir_returns
   small = dict(seeds=2, overrides=["num_clients=10,20", "samples_per_client=4", "rounds=2"],
                out=out, progress=False)
   with pytest.raises(outputs.InUse):
-    registry.run_to_dir("fedrep-fig3", **small)
+    runner.run_to_dir("fedrep-fig3", **small)
   assert os.listdir(out) == [".lock"]  # refused: nothing written
   os.close(fd)
-  registry.run_to_dir("fedrep-fig3", **small)
+  runner.run_to_dir("fedrep-fig3", **small)
   os.close(outputs.lock(out))  # free again
 
 

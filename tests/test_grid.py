@@ -15,6 +15,7 @@ from fedjax_rep import cli
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes import registry
+from fedjax_rep.recipes import runner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +104,7 @@ def test_a_sequence_field_sweeps_one_element_at_a_time(tiny):
 def test_run_to_dir_columns_units_summary_and_resume(tiny, tmp_path):
   out = str(tmp_path / "run")
   grid = ["lr=0.1,0.3", "size=1,2"]
-  registry.run_to_dir("test-tiny", seeds=2, grid=grid, out=out, progress=False)
+  runner.run_to_dir("test-tiny", seeds=2, grid=grid, out=out, progress=False)
   with open(os.path.join(out, "metrics.csv")) as f:
     rows = list(csv.DictReader(f))
   assert list(rows[0])[:6] == ["algorithm", "seed", "round", "lr", "size", "grid"]
@@ -123,16 +124,16 @@ def test_run_to_dir_columns_units_summary_and_resume(tiny, tmp_path):
     assert float(t["total"]) == pytest.approx(float(t["lr"]) * int(t["size"]) * 3 * 4)
 
   # Resume: every unit is on disk, nothing is computed again; another grid is refused.
-  registry.run_to_dir("test-tiny", seeds=2, grid=grid, out=out, progress=False)
+  runner.run_to_dir("test-tiny", seeds=2, grid=grid, out=out, progress=False)
   with open(os.path.join(out, "metrics.csv")) as f:
     assert list(csv.DictReader(f)) == rows
   with pytest.raises(FileExistsError, match="different configuration, seeds or grid"):
-    registry.run_to_dir("test-tiny", seeds=2, grid=["lr=0.1,0.3"], out=out, progress=False)
+    runner.run_to_dir("test-tiny", seeds=2, grid=["lr=0.1,0.3"], out=out, progress=False)
 
 
 def test_without_grid_units_and_columns_are_unchanged(tiny, tmp_path):
   out = str(tmp_path / "run")
-  registry.run_to_dir("test-tiny", seeds=1, out=out, progress=False)
+  runner.run_to_dir("test-tiny", seeds=1, out=out, progress=False)
   assert sorted(os.listdir(os.path.join(out, "parts"))) == ["n1.npz", "n2.npz"]
   with open(os.path.join(out, "metrics.csv")) as f:
     assert next(csv.reader(f)) == ["algorithm", "seed", "round", "sizes", "value"]
@@ -141,7 +142,7 @@ def test_without_grid_units_and_columns_are_unchanged(tiny, tmp_path):
   del stored["grid"]  # a run directory from before --grid: resumed all the same
   with open(os.path.join(out, "config.json"), "w") as f:
     json.dump(stored, f)
-  registry.run_to_dir("test-tiny", seeds=1, out=out, progress=False)
+  runner.run_to_dir("test-tiny", seeds=1, out=out, progress=False)
 
 
 def test_traced_rows_must_carry_their_values(tiny):

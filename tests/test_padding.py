@@ -15,7 +15,7 @@ from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS, FedRep
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import linear as common
-from fedjax_rep.recipes import registry
+from fedjax_rep.recipes import runner
 from fedjax_rep.recipes import shared
 from fedjax_rep.core.padding import Padded
 
@@ -91,11 +91,11 @@ def test_padded_traced_runs_equal_unpadded_runs(name):
 @pytest.mark.slow
 def test_fedrep_fig3_is_one_program_and_recompiles_nothing(compiles):
   overrides = ["num_clients=5,20", "rounds=6", "samples_per_client=3", "dim=4"]
-  rows, _ = registry.run("fedrep-fig3", seeds=2, overrides=overrides, progress=False)
+  rows, _ = runner.run("fedrep-fig3", seeds=2, overrides=overrides, progress=False)
   chunks = [name for name in compiles.names if "_run_chunk" in name]
   assert len(chunks) == 1  # every algorithm and n in one program
   compiles.reset()
-  again, _ = registry.run("fedrep-fig3", seeds=2, overrides=overrides + ["lr=0.2", "seed=3"],
+  again, _ = runner.run("fedrep-fig3", seeds=2, overrides=overrides + ["lr=0.2", "seed=3"],
                           progress=False)
   assert compiles.names == []
   assert len(again) == len(rows) == 3 * 2 * 2 * 6
@@ -104,9 +104,9 @@ def test_fedrep_fig3_is_one_program_and_recompiles_nothing(compiles):
 @pytest.mark.slow
 def test_fedrep_fig3_grid_curve_equals_its_single_run():
   overrides = ["num_clients=5,20", "rounds=6", "samples_per_client=3", "dim=4"]
-  rows, _ = registry.run("fedrep-fig3", seeds=2, overrides=overrides,
+  rows, _ = runner.run("fedrep-fig3", seeds=2, overrides=overrides,
                          grid={"lr": [0.1, 0.3]}, progress=False)
-  single, _ = registry.run("fedrep-fig3", seeds=1, overrides=overrides + ["lr=0.3", "seed=1"],
+  single, _ = runner.run("fedrep-fig3", seeds=1, overrides=overrides + ["lr=0.3", "seed=1"],
                            progress=False)
   swept = [r for r in rows if r["lr"] == 0.3 and r["seed"] == 1]
   assert len(swept) == len(single) == 3 * 2 * 6

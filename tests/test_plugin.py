@@ -18,6 +18,7 @@ from fedjax_rep.recipes import neural
 from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes import plugins
 from fedjax_rep.recipes import registry
+from fedjax_rep.recipes import runner
 
 PLUGIN = '''"""FedAvg whose server keeps a fraction server_beta of its model each round."""
 import dataclasses
@@ -143,10 +144,10 @@ def test_a_grid_over_the_option_compiles_the_round_once(plugin, compiles):
   plugins.load(str(plugin))
   small = dict(quick=True, seeds=1, overrides=[f"algorithms={NAME}", "rounds=2",
                                                "eval_every=1"], progress=False)
-  registry.run("digits-personalized", grid={"server_beta": [0.0]}, **small)
+  runner.run("digits-personalized", grid={"server_beta": [0.0]}, **small)
   compiles.reset()
   hits.clear()
-  rows, _ = registry.run("digits-personalized", grid=["server_beta=0.3,0.6,0.9"], **small)
+  rows, _ = runner.run("digits-personalized", grid=["server_beta=0.3,0.6,0.9"], **small)
   assert compiles.count == 0 and not hits
   final = {r["server_beta"]: r["test_accuracy"] for r in rows if r["round"] == 2}
   assert sorted(final) == [0.3, 0.6, 0.9] and len(set(final.values())) == 3

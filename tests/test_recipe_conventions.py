@@ -13,6 +13,7 @@ from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import neural
 from fedjax_rep.recipes import registry
+from fedjax_rep.recipes import runner
 
 TABLE1 = ("fedrep-table1-cifar10", "fedrep-table1-cifar100", "fedrep-table1-femnist",
           "fedrep-table1-sent140", "flute-table1", "table1-synthetic")
@@ -80,12 +81,12 @@ def test_what_reaches_the_engine():
 
 def test_config_json_records_the_conventions_of_each_grid_combination():
   config = recipe_config("flute-table1")
-  assert registry.conventions_record(config, {}) == {"conventions": {
+  assert runner.conventions_record(config, {}) == {"conventions": {
       "preset": "authors", **conventions.PRESETS["authors"].described()}}
-  record = registry.conventions_record(config, {"conventions": ("paper", "authors")})
+  record = runner.conventions_record(config, {"conventions": ("paper", "authors")})
   assert record["conventions"]["conventions=paper"]["averaging"] == "samples"
   assert record["conventions"]["conventions=authors"]["averaging"] == "uniform"
-  assert registry.conventions_record(registry.get("fedrep-fig3").config(), {}) == {}
+  assert runner.conventions_record(registry.get("fedrep-fig3").config(), {}) == {}
 
 
 @pytest.mark.slow

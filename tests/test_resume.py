@@ -21,7 +21,7 @@ import pytest
 import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.core import checkpoint
-from fedjax_rep.recipes import registry
+from fedjax_rep.recipes import runner
 
 # fedrep-fig3, small: one padded unit of n = 10, 20; 3 algorithms x 2 seeds.
 SMALL = ["--set", "num_clients=10,20", "--set", "samples_per_client=4", "--seeds", "2"]
@@ -157,7 +157,7 @@ def test_same_seed_same_bytes_and_from_config_replays(tmp_path):
   with open(os.path.join(replay, "config.json")) as f:
     saved = json.load(f)
   assert saved["grid"] == {"lr": [0.1, 0.2]} and saved["code"]["source"]
-  assert "num_clients=10,20" in registry.replay(os.path.join(first, "config.json"))["overrides"]
+  assert "num_clients=10,20" in runner.replay(os.path.join(first, "config.json"))["overrides"]
 
 
 @pytest.mark.parametrize("setup,args,message", [

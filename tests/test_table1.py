@@ -161,7 +161,8 @@ def test_mock_data_is_said_for_exactly_the_configurations_that_train_on_it():
   """fedrep-table1-* with source=mock (as --quick sets) and flute-table1 on CIFAR with
   source=mock say one line; the real files, and flute-table1 --quick (digits), none."""
   from fedjax_rep.recipes import registry
-  quick = {name: registry.mock_lines(registry.get(name), registry.resolve(name, quick=True),
+  from fedjax_rep.recipes import runner
+  quick = {name: runner.mock_lines(registry.get(name), registry.resolve(name, quick=True),
                                      {}) for name in registry.all_recipes()}
   assert {name for name, lines in quick.items() if lines} == {
       f"fedrep-table1-{d}" for d in ("cifar10", "cifar100", "femnist", "sent140")}
@@ -171,13 +172,13 @@ def test_mock_data_is_said_for_exactly_the_configurations_that_train_on_it():
       "mean nothing; `fedjax-rep data` says how to get the data"]
   flute = registry.get("flute-table1")
   config = flute.config(dataset="cifar10", source="mock")
-  assert registry.mock_lines(flute, config, {}) == [
+  assert runner.mock_lines(flute, config, {}) == [
       "fedjax-rep: flute-table1 runs on mock data (random examples in the format of cifar10), "
       "not the real dataset (source=mock, as --quick sets): its numbers mean nothing; "
       "`fedjax-rep data` says how to get the data"]
-  assert registry.mock_lines(flute, config, {"source": ("files", "mock")}) == \
-      registry.mock_lines(flute, config, {})  # once, for the combination on mock data
-  assert registry.mock_lines(flute, flute.config(dataset="cifar10"), {}) == []
+  assert runner.mock_lines(flute, config, {"source": ("files", "mock")}) == \
+      runner.mock_lines(flute, config, {})  # once, for the combination on mock data
+  assert runner.mock_lines(flute, flute.config(dataset="cifar10"), {}) == []
 
 
 class Trained(Exception):

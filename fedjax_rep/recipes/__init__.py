@@ -1,9 +1,10 @@
-"""Named experiments (one per paper figure), each registered by the module that defines it
-(`registry.MODULES`). `get(name)` and `run(name, ...)` import only that module, so running
-a linear recipe never imports flax.linen; `RECIPES` imports them all (listing order)."""
+"""Named experiments, one per paper figure or table: `registry` finds them (every module of
+the subpackages here that calls `register`), `runner` runs them. `RECIPES` imports them all
+(listing order)."""
 
 from fedjax_rep.recipes import registry
-from fedjax_rep.recipes.registry import get, resolve, run, run_to_dir  # noqa: F401
+from fedjax_rep.recipes.registry import get, resolve  # noqa: F401
+from fedjax_rep.recipes.runner import run, run_to_dir  # noqa: F401
 
 
 def __getattr__(name: str):

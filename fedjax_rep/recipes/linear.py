@@ -1,5 +1,6 @@
 """What the linear recipes share: configuration fields, hparams and seeded problem data."""
 
+import dataclasses
 import sys
 
 import jax
@@ -12,6 +13,7 @@ from fedjax_rep.linear import memory
 from fedjax_rep.linear import problem as problem_lib
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import placement
 
 NOISE_STD = 1e-3 ** 0.5  # FedRep Section 5.1: label noise of variance 1e-3
 PRINT_ESTIMATE_BYTES = 2 << 30  # runs that need more print their memory estimate first
@@ -67,6 +69,48 @@ def check_kernel(config):
 def fedavg_init(default="random"):
   return cfg.choice("FedAvg's initial B: random (standard FedAvg) or FedRep's method of "
                     "moments", default, ("random", "moments"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem(placement.Placement):
+  """Fields of every linear recipe: the problem (n clients, d, k, m samples per client,
+  label noise), rounds, step size and seed."""
+  num_clients: int = cfg.num_clients(100)
+  dim: int = dim(10)
+  rep_dim: int = rep_dim(2)
+  samples_per_client: int = samples_per_client(5)
+  rounds: int = cfg.rounds(200)
+  lr: float = cfg.lr(0.1)
+  noise_std: float = noise_std()
+  seed: int = cfg.seed()
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampled(Problem):
+  """A `Problem` whose rounds sample a fraction `participation` of the clients."""
+  participation: float = cfg.participation(0.1)
+
+  def check(self):
+    check_rep_dim(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Baselines(Sampled):
+  """A `Sampled` problem on which FedRep is compared with local only and FedAvg (FedRep
+  Figs. 1 and 4): d = 20, m = 10, 300 rounds."""
+  SHARDED_ALGORITHMS = placement.LINEAR_SHARDED
+  dim: int = dim(20)
+  samples_per_client: int = samples_per_client(10)
+  rounds: int = cfg.rounds(300)
+  fedavg_local_steps: int = cfg.positive_int("local GD steps of FedAvg per round", 10)
+  fedavg_init: str = fedavg_init()
+  algorithms: tuple = cfg.choice("algorithms to compare", FEDREP_BASELINES, FEDREP_BASELINES,
+                                 sequence=True)
+  kernel: str = kernel()
+
+  def check(self):
+    check_rep_dim(self)
+    check_kernel(self)
 
 
 def hparams(config) -> LinearHparams:

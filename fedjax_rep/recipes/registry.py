@@ -1,28 +1,23 @@
-"""Named experiments: registry, configuration resolution and running with outputs.
+"""Named experiments: the `Recipe` record, and the registry that finds them.
 
-A run covers every combination of its grid (`--grid KEY=V1,V2,...`, or grid={KEY: values}):
-keys that the recipe declares `traced` are swept inside one call of its run function (one
-compiled program per shape), the other (shape-changing) keys by one call per combination.
-Every swept key is a column of the rows, and so is `grid`, the label of the row's
-combination ("lr=0.3, num_clients=100"); figures draw one line per label.
+A recipe is one module that calls `register(Recipe(...))`. `all_recipes` imports every
+module of the `fedjax_rep.recipes` subpackages (fedrep/, flute/, ...) and of the packages
+that installed distributions name under the entry-point group `fedjax_rep.recipes`, so a
+new figure is one new file. `resolve` gives a recipe's validated configuration; running
+it is `runner`'s.
 """
 
 import dataclasses
-import datetime
 import importlib
-import json
-import os
-import sys
+import importlib.metadata
+import importlib.util
+import itertools
+import pkgutil
 from typing import Callable
 
-from fedjax_rep.core import checkpoint
-from fedjax_rep.core import distributed
-from fedjax_rep.core import files
-from fedjax_rep.core import threefry
 from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import outputs
-from fedjax_rep.recipes import placement
-from fedjax_rep.recipes import plugins as plugins_lib
+
+ENTRY_POINTS = "fedjax_rep.recipes"  # entry-point group: packages (or modules) of recipes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +35,9 @@ class Recipe:
   summarize(rows, config) -> rows of a summary table (written to `summary_file`), or None.
   mock_data(config) -> what mock data a configuration trains on instead of the recipe's
   dataset (e.g. "random examples in the format of CIFAR-10"), None where it trains on the real
-  data; said on stderr before the run (`mock_lines`).
+  data; said on stderr before the run (`runner.mock_lines`).
+  rank: its place in `fedjax-rep list` and the README's table (ascending, then by name).
+  docs: the page that explains it, relative to the repository root (README's table links it).
   """
   name: str
   summary: str
@@ -53,21 +50,11 @@ class Recipe:
   summary_file: str = "summary.csv"
   traced: tuple[str, ...] = ()
   mock_data: Callable | None = None
+  rank: int = 1000
+  docs: str = ""
 
 
 RECIPES: dict[str, Recipe] = {}  # the recipes registered so far (see `all_recipes`)
-
-# The modules that define recipes, in listing order (FedRep, then FedAvg-FT, FLUTE, SRPFL,
-# neural), each with the name its recipes have or start with: fedrep.table1 defines
-# fedrep-table1-cifar10 and the other fedrep-table1-* recipes.
-MODULES = {"fedrep-fig1": "fedrep.fig1", "fedrep-fig3": "fedrep.fig3",
-           "fedrep-fig4": "fedrep.fig4", "fedavg-ft-fig1": "fedavg_ft.fig1",
-           "fedavg-ft-fig3": "fedavg_ft.fig3", "fedavg-ft-neural": "fedavg_ft.neural",
-           "flute-fig1": "flute.fig1", "flute-fig3": "flute.fig3", "flute-fig4": "flute.fig4",
-           "srpfl-linear": "srpfl.linear", "srpfl-speedup": "srpfl.speedup",
-           "digits-personalized": "digits.personalized",
-           "table1-synthetic": "fedrep.table1_synthetic", "fedrep-table1": "fedrep.table1",
-           "flute-table1": "flute.table1", "srpfl-neural": "srpfl.neural"}
 
 
 def register(recipe: Recipe) -> Recipe:
@@ -82,306 +69,88 @@ def register(recipe: Recipe) -> Recipe:
   return recipe
 
 
-def _module_rank(name: str) -> int:
-  """The index in MODULES of the module that defines recipe `name` (len(MODULES) if none)."""
-  return next((i for i, prefix in enumerate(MODULES)
-               if name == prefix or str(name).startswith(prefix + "-")), len(MODULES))
+def _import(name: str):
+  """Module `name`, imported; ConfigError (one line) where importing it raises."""
+  try:
+    return importlib.import_module(name)
+  except Exception as error:  # noqa: BLE001  a recipe module that fails is one line
+    message = " ".join(str(error).split())
+    raise cfg.ConfigError(f"recipe module {name} raised {type(error).__name__} while "
+                          f"importing: {message}; fix it, or uninstall the package that "
+                          f"names it under the entry points {ENTRY_POINTS!r}") from error
+
+
+def _import_tree(name: str) -> None:
+  """Imports module `name` and, where it is a package, every module below it."""
+  module = _import(name)
+  for info in pkgutil.walk_packages(getattr(module, "__path__", ()), prefix=f"{name}."):
+    _import(info.name)
+
+
+def recipe_packages() -> list[str]:
+  """The packages whose modules define recipes: the subpackages of `fedjax_rep.recipes`,
+  then those that installed distributions name under the entry-point group ENTRY_POINTS."""
+  here = pkgutil.iter_modules(importlib.import_module(__package__).__path__)
+  return ([f"{__package__}.{info.name}" for info in sorted(here, key=lambda i: i.name)
+           if info.ispkg]
+          + [point.value for point in importlib.metadata.entry_points(group=ENTRY_POINTS)])
 
 
 def all_recipes() -> dict[str, Recipe]:
-  """Every recipe, in listing order (MODULES' order, then any registered by hand); imports
-  every recipe module (the neural ones import flax.linen and optax)."""
-  for module in MODULES.values():
-    importlib.import_module(f"{__package__}.{module}")
-  return dict(sorted(RECIPES.items(), key=lambda item: _module_rank(item[0])))
+  """Every recipe, in listing order (`Recipe.rank`, then name), after importing every module
+  of `recipe_packages`."""
+  for package in recipe_packages():
+    _import_tree(package)
+  return dict(sorted(RECIPES.items(), key=lambda item: (item[1].rank, item[0])))
+
+
+def _spelled_modules(name: str) -> list[str]:
+  """The modules below `fedjax_rep.recipes` that a prefix of `name` spells, hyphens read as
+  dots or underscores, longest first: fedrep-fig3 -> fedrep.fig3, fedavg-ft-fig1 ->
+  fedavg_ft.fig1, fedrep-table1-cifar10 -> fedrep.table1."""
+  parts = str(name).split("-")
+  spelled = []
+  for end in range(len(parts), 0, -1):
+    for joins in itertools.product("._", repeat=end - 1):
+      path = parts[0] + "".join(j + p for j, p in zip(joins, parts[1:end]))
+      try:
+        found = importlib.util.find_spec(f"{__package__}.{path}")
+      except (ImportError, ValueError):
+        found = None
+      if found is not None:
+        spelled.append(found.name)
+  return spelled
 
 
 def get(name: str) -> Recipe:
-  """The recipe `name`, importing only the module that defines it; ConfigError naming the
-  known recipes if there is none."""
-  rank = _module_rank(name)
-  if name not in RECIPES and rank < len(MODULES):
-    importlib.import_module(f"{__package__}.{list(MODULES.values())[rank]}")
-  if name not in RECIPES:
+  """The recipe `name`: first from the module its name spells (`_spelled_modules`, so a
+  linear recipe imports no neural code), else from every module (`all_recipes`);
+  ConfigError naming the known recipes if there is none."""
+  for module in _spelled_modules(name) if name not in RECIPES else ():
+    _import(module)
+    if name in RECIPES:
+      break
+  if name not in RECIPES and name not in all_recipes():
     raise cfg.ConfigError(f"unknown recipe {name!r}; known recipes: "
                           f"{', '.join(all_recipes())}")
   return RECIPES[name]
 
 
 def resolve(name: str, *, quick: bool = False, overrides=()):
-  """The validated configuration of recipe `name` (defaults, then --quick, then --set)."""
+  """The validated configuration of recipe `name`: its defaults, then `quick`'s settings,
+  then `overrides`.
+
+  Args:
+    name: a recipe's name (`fedjax-rep list`).
+    quick: apply the recipe's --quick settings.
+    overrides: 'KEY=VALUE' items, as `--set` takes them.
+
+  Returns:
+    The recipe's configuration dataclass; ConfigError (naming the key and its range) for a
+    bad key or value.
+  """
   recipe = get(name)
   config = recipe.config()
   if quick:
     config = dataclasses.replace(config, **recipe.quick)
   return cfg.override(config, list(overrides))
-
-
-def check_seeds(seeds) -> int:
-  if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-    raise cfg.ConfigError(f"--seeds must be an integer >= 1, got {seeds!r}")
-  return seeds
-
-
-def _call_unit(name, compute):
-  del name
-  return compute()
-
-
-def _prepare(name, quick, seeds, overrides, grid):
-  """(recipe, validated config, number of seeds, checked grid): every check, before any
-  work."""
-  recipe = get(name)
-  config = resolve(name, quick=quick, overrides=overrides)
-  grid = cfg.parse_grid(config, grid, overrides)
-  for combination in cfg.combinations(grid):
-    placement.check(cfg.apply(config, combination))
-  return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds), grid
-
-
-def _sweep(recipe, config, seeds, grid, unit, progress) -> list[dict]:
-  """The rows of every combination of `grid`: one call of recipe.run per combination of the
-  shape-changing keys (with grid=[traced combinations] where the recipe traces swept keys),
-  each caching its units under the prefix 'KEY=VALUE,...--'; every row gets the swept keys
-  and the `grid` label of its combination as columns. Without a grid: recipe.run's rows.
-  First says on stderr which combinations train on mock data (`mock_lines`)."""
-  if distributed.is_writer():
-    for line in mock_lines(recipe, config, grid):
-      print(line, file=sys.stderr)
-  if not grid:
-    return recipe.run(config, seeds, unit=unit, progress=progress)
-  traced = {key: values for key, values in grid.items() if key in recipe.traced}
-  traced_grid = {"grid": cfg.combinations(traced)} if traced else {}
-  combinations = {cfg.combination_label(c): c for c in cfg.combinations(grid)}
-  rows = []
-  for shape in cfg.combinations({k: v for k, v in grid.items() if k not in traced}):
-    prefix = cfg.combination_label(shape, ",") + "--" if shape else ""
-    for row in recipe.run(cfg.apply(config, shape), seeds,
-                          unit=lambda name, compute, p=prefix: unit(p + name, compute),
-                          progress=progress, **traced_grid):
-      label = cfg.combination_label({key: shape[key] if key in shape else row.get(key)
-                                     for key in grid})
-      if label not in combinations:
-        raise RuntimeError(f"recipe {recipe.name} returned a row of {label}, which is not a "
-                           f"combination of its grid; its run must return the traced keys "
-                           f"{', '.join(traced)} as columns with the values it was given")
-      rows.append({**row, **combinations[label], "grid": label})
-  return rows
-
-
-def mock_lines(recipe, config, grid) -> list[str]:
-  """One line for each different mock data (`Recipe.mock_data`) that the combinations of
-  `grid` (or `config` alone) train on, e.g. "fedjax-rep: fedrep-table1-cifar10 runs on
-  mock data (random examples in the format of CIFAR-10), not the real dataset (source=mock,
-  as --quick sets): its numbers mean nothing; `fedjax-rep data` says how to get the
-  data"."""
-  if recipe.mock_data is None:
-    return []
-  mocks = dict.fromkeys(recipe.mock_data(cfg.apply(config, combination))
-                        for combination in cfg.combinations(grid))
-  return [f"fedjax-rep: {recipe.name} runs on mock data ({mock}), not the real dataset "
-          f"(source=mock, as --quick sets): its numbers mean nothing; `fedjax-rep data` says "
-          f"how to get the data" for mock in mocks if mock is not None]
-
-
-def _figure_config(config, grid):
-  """`config` as the figure sees the rows: each swept sequence field holds all its swept
-  values (e.g. fedrep-fig3's panels, one per num_clients); other fields (and options)
-  are unchanged."""
-  known = cfg.fields(type(config))
-  return dataclasses.replace(config, **{
-      key: values for key, values in grid.items()
-      if key in known and known[key].metadata["check"].sequence})
-
-
-def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(), grid=(),
-        progress: bool = True) -> tuple[list[dict], object]:
-  """Runs recipe `name` in memory over every combination of `grid` ({KEY: values} or
-  'KEY=V1,V2,...' items; see `_sweep`); returns (rows, resolved config), where a swept
-  sequence field of the config holds all its swept values. Writes no files; prints one
-  line on stderr per diverged run (`diverged_lines`) at the end."""
-  recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
-  rows = _sweep(recipe, config, seeds, grid, _call_unit, progress)
-  _say_diverged(rows)
-  return rows, _figure_config(config, grid)
-
-
-def _summary(recipe, rows, config, grid) -> list[dict]:
-  """recipe.summarize of each combination of `grid` (its rows, its configuration), the
-  combination's swept keys and `grid` label added to each entry; without a grid, that of
-  all rows."""
-  if not grid:
-    return recipe.summarize(rows, config)
-  table = []
-  for combination in cfg.combinations(grid):
-    label = cfg.combination_label(combination)
-    entries = recipe.summarize([r for r in rows if r["grid"] == label],
-                               cfg.apply(config, combination))
-    table += [{**entry, **combination, "grid": label} for entry in entries]
-  return table
-
-
-def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(),
-               grid=(), out: str | None = None, progress: bool = True, overwrite: bool = False,
-               checkpoint_rounds: int | None = None,
-               checkpoint_seconds: float | None = checkpoint.DEFAULT_SECONDS,
-               plugins=()) -> str:
-  """Runs recipe `name` over every combination of `grid` (as `run`) and writes
-  metrics.csv, config.json (with the grid, the code's revision and the `plugins`, files
-  imported first that register algorithms: `plugins.load_all`), NAME.png (and the summary
-  table, e.g. summary.csv or table1.csv, where the recipe has one) into `out`.
-
-  Finished units are saved under out/parts, and a unit's runs checkpoint every
-  `checkpoint_rounds` rounds or `checkpoint_seconds` seconds, so running again with the
-  same `out`, configuration and grid (e.g. `replay(out/config.json)`) resumes instead of
-  starting over. `out` must be new, empty or such a run (`outputs.RunDir`; `overwrite`
-  starts it over), and no other process may be writing it (`outputs.InUse`: this process
-  holds its lock until it returns). Prints one line on stderr per diverged run
-  (`diverged_lines`) at the end. Returns the output directory.
-  """
-  loaded = plugins_lib.load_all(plugins)
-  recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
-  try:
-    checkpoint.check_policy(checkpoint_rounds, checkpoint_seconds)
-  except ValueError as error:
-    raise cfg.ConfigError(str(error)) from None
-  out = default_out(name) if out is None else out
-  with outputs.RunDir(
-      out, {"recipe": name, "quick": quick, "seeds": seeds,
-            "config": dataclasses.asdict(config), "grid": grid,
-            "code": {"revision": files.revision(), "source": files.source_fingerprint(),
-                     **kernel_record(config),
-                     "threefry": "flat" if threefry.flat() else "jax"},
-            "job": job_record(config), "plugins": loaded,
-            **conventions_record(config, grid),
-            "versions": outputs.versions()},
-      overwrite=overwrite, every_rounds=checkpoint_rounds,
-      every_seconds=checkpoint_seconds) as run_dir:
-    rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
-    swept = (*grid, "grid") if grid else ()
-    run_dir.write_csv("metrics.csv", rows, first=("algorithm", "seed", "round", *swept))
-    written = ["config.json", "metrics.csv"]
-    if recipe.summarize is not None:
-      run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, grid),
-                        first=("algorithm", *swept))
-      written.append(recipe.summary_file)
-    run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, grid), f))
-    run_dir.finish([*written, f"{name}.png"])
-    _say_diverged(rows)
-  return out
-
-
-def _say_diverged(rows: list[dict]) -> None:
-  """Prints `diverged_lines` of `rows` on stderr (process 0 of a job)."""
-  if distributed.is_writer():
-    for line in diverged_lines(rows):
-      print(line, file=sys.stderr)
-
-
-def diverged_lines(rows: list[dict]) -> list[str]:
-  """One line per diverged run of `rows` (metrics.csv rows), in their order: its
-  algorithm, seed, setting (the columns that `shared.round_rows` puts between `round` and
-  `diverged_round`, but those that the `grid` label names, then that label) and the round
-  at which it diverged, e.g. 'fedjax-rep: fedrep seed 0 (grid lr=0.5) diverged at round 1;
-  its metrics are NaN from then on'."""
-  lines = []
-  for row in rows:
-    if not row.get("diverged_round") or row.get("round") != row["diverged_round"]:
-      continue  # one row per diverged run: that of its diverged round
-    columns, grid = list(row), row.get("grid")
-    in_grid = {part.split("=")[0] for part in grid.split(", ")} if grid else set()
-    setting = [f"{key}={row[key]}" for key in
-               columns[columns.index("round") + 1:columns.index("diverged_round")]
-               if key not in in_grid] + ([f"grid {grid}"] if grid else [])
-    lines.append(f"fedjax-rep: {row['algorithm']} seed {row['seed']}"
-                 + (f" ({', '.join(setting)})" if setting else "")
-                 + f" diverged at round {row['round']}; its metrics are NaN from then on")
-  return lines
-
-
-def kernel_record(config) -> dict:
-  """What config.json records of the kernel path that ran: {"kernel": "xla"}, or "native"
-  with its build's file name (`fedjax_rep.native.build_key`) where config.kernel asks for
-  the C++ kernel."""
-  if getattr(config, "kernel", "xla") == "xla":
-    return {"kernel": "xla"}
-  from fedjax_rep.native import fedrep_round  # only here: the default never touches it
-  return {"kernel": "native", "kernel_build": fedrep_round.build_key()}
-
-
-def conventions_record(config, grid: dict) -> dict:
-  """What config.json records of a neural recipe's training conventions (`nn.conventions`):
-  {"conventions": {"preset": "paper"|"authors", knob: value, ...}}, every knob resolved;
-  under a grid, one such entry per combination, under its label; {} for a recipe without
-  them."""
-  if not hasattr(config, "conventions"):
-    return {}
-  from fedjax_rep.recipes import neural  # neural recipes only: the linear ones never load it
-
-  def record(c):
-    return {"preset": c.conventions, **neural.resolved_conventions(c).described()}
-
-  if not grid:
-    return {"conventions": record(config)}
-  return {"conventions": {cfg.combination_label(combination): record(cfg.apply(config,
-                                                                               combination))
-                          for combination in cfg.combinations(grid)}}
-
-
-def job_record(config) -> dict:
-  """What config.json records of where the run ran: its processes and the devices its
-  client axis was split over (not compared on resume: with the cohort groups fixed, the
-  numbers do not depend on them)."""
-  import jax
-  return {"processes": jax.process_count(), "devices": placement.device_count(config)}
-
-
-def default_out(name: str) -> str:
-  """runs/NAME-<date>-<time>: where a run of recipe `name` started now writes by default."""
-  return os.path.join("runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-
-
-def _setting_text(value) -> str:
-  """A configuration value as --set writes it (sequences comma-separated, floats exact,
-  None as auto)."""
-  if isinstance(value, (list, tuple)):
-    return ",".join(map(_setting_text, value))
-  if value is None:
-    return "auto"
-  return repr(value) if isinstance(value, float) else str(value)
-
-
-def _saved_items(saved_config: dict, grid: dict) -> list[str]:
-  """The --set items of a config.json's configuration: each field but those `grid` sweeps,
-  and each option of its `options` as NAME=VALUE."""
-  items = [f"{key}={_setting_text(value)}" for key, value in saved_config.items()
-           if key not in grid and key != "options"]
-  return items + [f"{key}={value!r}" for key, value in saved_config.get("options", ())]
-
-
-def replay(config_path: str) -> dict:
-  """The keywords of `run_to_dir` (name, quick, seeds, overrides, grid, plugins) that run
-  again the run that wrote `config_path` (its config.json): every configuration field as a
-  --set item, checked as any, and the plugins it ran with. ConfigError when the file
-  cannot be read or names no recipe; PluginError when a plugin is missing or changed."""
-  try:
-    with open(config_path) as f:
-      saved = json.load(f)
-  except OSError as error:
-    raise cfg.ConfigError(f"cannot read {config_path} ({error.strerror}): give the "
-                          f"config.json of a run directory") from None
-  except ValueError as error:
-    raise cfg.ConfigError(f"{config_path} is not a run's config.json ({error})") from None
-  if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
-    raise cfg.ConfigError(f"{config_path} is not a run's config.json (no 'config' entry)")
-  name = saved.get("recipe")
-  try:
-    get(name)
-  except cfg.ConfigError:
-    raise cfg.ConfigError(f"{config_path} names recipe {name!r}, which is not one of "
-                          f"{', '.join(all_recipes())}") from None
-  grid = saved.get("grid") or {}
-  return {"name": name, "quick": bool(saved.get("quick")), "seeds": saved.get("seeds"),
-          "overrides": _saved_items(saved["config"], grid),
-          "grid": {key: tuple(values) for key, values in grid.items()},
-          "plugins": plugins_lib.recorded(saved.get("plugins"), config_path)}

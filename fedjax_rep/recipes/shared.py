@@ -67,7 +67,7 @@ def round_rows(algorithm: str, seeds: list[int], metrics: dict[str, np.ndarray],
 
   With a `diverged` metric (0/1 per round, from the loop) every row also gets
   `diverged_round`, right after `columns`: the first round at which its run diverged, 0 if
-  it never did (`registry.diverged_lines` names a run by the columns between `round` and
+  it never did (`runner.diverged_lines` names a run by the columns between `round` and
   `diverged_round`).
   """
   rows = []

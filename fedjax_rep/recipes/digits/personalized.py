@@ -94,6 +94,8 @@ def summarize(rows, config: Config):
 
 RECIPE = register(Recipe(
     name="digits-personalized",
+    rank=120,
+    docs="docs/neural.md#the-offline-demo-digits-personalized",
     summary="personalised FL on sklearn digits (offline): FedRep, FedPer, LG-FedAvg, FedAvg, "
             "FedAvg-FT, local; test accuracy vs rounds",
     config=Config, quick={"rounds": 40}, run=run, plot=plot, default_seeds=3,

@@ -13,7 +13,6 @@ import dataclasses
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import linear as common
 from fedjax_rep.recipes import shared
 
@@ -24,7 +23,7 @@ def algorithm_name(local_steps: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainingConfig(placement.Placement):
+class TrainingConfig(common.Sampled):
   """The training part of a FedAvg-FT recipe's configuration."""
   UNSHARDED = "the linear FedAvg-FT"
   num_clients: int = cfg.num_clients(40)
@@ -33,16 +32,12 @@ class TrainingConfig(placement.Placement):
   rounds: int = cfg.rounds(2000)
   participation: float = cfg.participation(1.0)
   lr: float = cfg.lr(0.2, "step size alpha of every local GD step")
+  samples_per_client: int = common.samples_per_client(100)
+  noise_std: float = common.noise_std(0.0)
   local_steps: tuple = cfg.positive_int("local steps tau to compare (1 = D-GD)", (1, 2, 5, 10),
                                         sequence=True)
   data_mode: str = cfg.choice("population losses, or fixed / fresh samples per client",
                               "population", ("population", "fixed", "fresh"))
-  samples_per_client: int = common.samples_per_client(100)
-  noise_std: float = common.noise_std(0.0)
-  seed: int = cfg.seed()
-
-  def check(self):
-    common.check_rep_dim(self)
 
 
 def train(config, keys, local_steps: int, unit, progress: bool):

@@ -40,5 +40,7 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="fedavg-ft-fig1",
+    rank=40,
+    docs="docs/papers/fedavg_ft.md",
     summary="FedAvg-FT Fig. 1: FedAvg (tau = 2, 5, 10) learns the representation, D-GD does not",
     config=Config, quick={"rounds": 1000}, run=run, plot=plot, default_seeds=10))

@@ -88,6 +88,8 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="fedavg-ft-fig3",
+    rank=50,
+    docs="docs/papers/fedavg_ft.md",
     summary="FedAvg-FT Fig. 3: global gradient norm vs rounds; new-client fine-tuning error vs n",
     config=Config, quick={"rounds": 3000, "finetune_samples": (5, 20, 100, 500)}, run=run,
     plot=plot, default_seeds=10))

@@ -319,6 +319,8 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="fedavg-ft-neural",
+    rank=60,
+    docs="docs/papers/fedavg_ft.md#figs-4-and-5-features-that-transfer-fedavg-ft-neural",
     summary="FedAvg-FT Figs. 4-5 on digits: FedAvg (tau local steps) vs D-SGD at equal local "
             "updates; feature cosine similarity; new clients of unseen classes fine-tune "
             "a head",

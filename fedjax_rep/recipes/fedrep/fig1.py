@@ -26,29 +26,12 @@ from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes import shared
 from fedjax_rep.recipes.registry import Recipe, register
 
+
 @dataclasses.dataclass(frozen=True)
-class Config(placement.Placement):
-  SHARDED_ALGORITHMS = placement.LINEAR_SHARDED
-  num_clients: int = cfg.num_clients(100)
-  dim: int = common.dim(20)
-  rep_dim: int = common.rep_dim(2)
+class Config(common.Baselines):
   samples_per_client: tuple = cfg.positive_int("samples per client m (x-axis)",
                                                (5, 10, 15, 20, 30, 40, 60), sequence=True)
-  rounds: int = cfg.rounds(300)
-  participation: float = cfg.participation(0.1)
-  lr: float = cfg.lr(0.1)
-  fedavg_local_steps: int = cfg.positive_int("local GD steps of FedAvg per round", 10)
-  fedavg_init: str = common.fedavg_init()
   test_samples: int = cfg.positive_int("held-out test samples per client", 100)
-  noise_std: float = common.noise_std()
-  seed: int = cfg.seed()
-  algorithms: tuple = cfg.choice("algorithms to compare", common.FEDREP_BASELINES,
-                                 common.FEDREP_BASELINES, sequence=True)
-  kernel: str = common.kernel()
-
-  def check(self):
-    common.check_rep_dim(self)
-    common.check_kernel(self)
 
 
 @jax.jit
@@ -99,6 +82,8 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="fedrep-fig1",
+    rank=10,
+    docs="docs/papers/fedrep.md",
     summary="FedRep Fig. 1: test error vs samples per client, local only vs FedAvg vs FedRep",
     config=Config, quick={"samples_per_client": (5, 10, 20, 40), "rounds": 150}, run=run,
     plot=plot, default_seeds=3))

@@ -27,26 +27,15 @@ from fedjax_rep.recipes.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(placement.Placement):
+class Config(common.Sampled):
   SHARDED_ALGORITHMS = placement.LINEAR_SHARDED
   num_clients: tuple = cfg.positive_int("numbers of clients n, one panel each", (10, 100, 1000),
                                         sequence=True)
-  dim: int = common.dim(10)
-  rep_dim: int = common.rep_dim(2)
-  samples_per_client: int = common.samples_per_client(5)
-  rounds: int = cfg.rounds(200)
-  participation: float = cfg.participation(0.1)
-  lr: float = cfg.lr(0.1)
   head_lr: float = cfg.lr(0.1, "step size of the head GD steps (GD-GD, 10GD-GD)")
-  noise_std: float = common.noise_std()
-  seed: int = cfg.seed()
   data_mode: str = cfg.choice("fixed local datasets, or fresh samples every round", "fixed",
                               ("fixed", "fresh"))
   algorithms: tuple = cfg.choice("algorithms to compare", ("fedrep", "gd-gd", "10gd-gd"),
                                  ("fedrep", "gd-gd", "10gd-gd"), sequence=True)
-
-  def check(self):
-    common.check_rep_dim(self)
 
 
 HEAD_STEPS = {"fedrep": 0, "gd-gd": 1, "10gd-gd": 10}  # head GD steps (0: exact heads)
@@ -111,6 +100,8 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="fedrep-fig3",
+    rank=20,
+    docs="docs/papers/fedrep.md",
     summary="FedRep Fig. 3: principal angle vs rounds, FedRep vs GD-GD vs 10GD-GD, n in {10,100,1000}",
     config=Config, quick={"rounds": 100}, run=run, plot=plot, default_seeds=3,
     traced=("lr", "head_lr")))

@@ -26,32 +26,14 @@ from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes import shared
 from fedjax_rep.recipes.registry import Recipe, register
 
+
 @dataclasses.dataclass(frozen=True)
-class Config(placement.Placement):
-  SHARDED_ALGORITHMS = placement.LINEAR_SHARDED
-  num_clients: int = cfg.num_clients(100)
-  dim: int = common.dim(20)
-  rep_dim: int = common.rep_dim(2)
-  samples_per_client: int = common.samples_per_client(10)
-  rounds: int = cfg.rounds(300)
-  participation: float = cfg.participation(0.1)
-  lr: float = cfg.lr(0.1)
-  fedavg_local_steps: int = cfg.positive_int("local GD steps of FedAvg per round", 10)
-  fedavg_init: str = common.fedavg_init()
+class Config(common.Baselines):
   new_client_samples: tuple = cfg.positive_int(
       "samples m_new of each new client (x-axis)", (1, 2, 3, 4, 5, 7, 10, 15, 20, 25, 30, 40),
       sequence=True)
   new_clients: int = cfg.positive_int("number of new clients averaged over", 100)
   test_samples: int = cfg.positive_int("test samples per new client", 500)
-  noise_std: float = common.noise_std()
-  seed: int = cfg.seed()
-  algorithms: tuple = cfg.choice("algorithms to compare", common.FEDREP_BASELINES,
-                                 common.FEDREP_BASELINES, sequence=True)
-  kernel: str = common.kernel()
-
-  def check(self):
-    common.check_rep_dim(self)
-    common.check_kernel(self)
 
 
 @jax.jit(static_argnames=("sample_counts", "num_clients", "test_samples"))
@@ -104,6 +86,8 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="fedrep-fig4",
+    rank=30,
+    docs="docs/papers/fedrep.md",
     summary="FedRep Fig. 4: new clients fit only a head on the learned representation",
     config=Config, quick={"rounds": 150, "new_client_samples": (1, 2, 3, 5, 10, 20, 40)},
     run=run, plot=plot, default_seeds=3))

@@ -158,7 +158,8 @@ def _register(dataset: str, title: str, config, run, settings, quick: dict, summ
                   quick={"source": "mock", "algorithms": QUICK_ALGORITHMS, **quick},
                   run=run, plot=plot, default_seeds=1, summarize=summarize,
                   summary_file="table1.csv",
-                  mock_data=lambda config: table1.mock_data(config, title)))
+                  mock_data=lambda config: table1.mock_data(config, title), rank=140,
+                  docs="docs/papers/fedrep.md#table-1-neural-networks-on-real-data"))
 
 
 _QUICK_SHARDS = {"rounds": 3, "eval_every": 1, "client_group": 1}

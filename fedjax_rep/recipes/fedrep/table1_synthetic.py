@@ -75,6 +75,8 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="table1-synthetic",
+    rank=130,
+    docs="docs/papers/fedrep.md#synthetic-table1-synthetic",
     summary="FedRep's Table-1 algorithms on LEAF's Synthetic(0,0), (0.5,0.5), (1,1) "
             "(offline); table1.csv",
     config=Config, quick={"num_clients": 50, "rounds": 40, "algorithms": QUICK_ALGORITHMS},

@@ -21,7 +21,6 @@ from fedjax_rep.linear.flute import LOSSES
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import linear as common
 from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes import shared
@@ -32,10 +31,9 @@ LABELS = {"flute": "FLUTE", "fedrep-ri": "FedRep(RI)", "fedrep": "FedRep"}
 
 
 @dataclasses.dataclass(frozen=True)
-class ProblemConfig(placement.Placement):
+class ProblemConfig(common.Problem):
   """Fields every FLUTE recipe has."""
   UNSHARDED = "FLUTE (its neural-collapse step runs over the whole cohort)"
-  dim: int = common.dim(10)
   spectrum: str = cfg.choice("singular values of Phi: linear (2d - i + 1, App. C.1), "
                              "geometric (2d 0.7^(i-1)), gaussian (phi_i ~ N(0, I), Sec. 7.1)",
                              "linear", underparam.SPECTRA)
@@ -50,7 +48,6 @@ class ProblemConfig(placement.Placement):
   blowup: float = cfg.nonnegative_float(
       "a run diverges when its model error (FedRep: train loss) exceeds blowup x its "
       "first-round value, or becomes non-finite; 0: no bound", loop.DEFAULT_BLOWUP)
-  seed: int = cfg.seed()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,8 @@ class Config(flute_fig3.Config):
 
 RECIPE = register(Recipe(
     name="flute-fig1",
+    rank=70,
+    docs="docs/papers/flute.md",
     summary="FLUTE Fig. 1: model error vs rounds, FLUTE vs FedRep vs FedRep(RI), several k",
     config=Config, quick={"rounds": 300}, run=flute_fig3.run,
     plot=functools.partial(flute_fig3.plot, figure="FLUTE Fig. 1"), default_seeds=5))

@@ -42,6 +42,8 @@ def plot(rows, config: Config, file, figure: str = "FLUTE Fig. 3") -> None:
 
 RECIPE = register(Recipe(
     name="flute-fig3",
+    rank=80,
+    docs="docs/papers/flute.md",
     summary="FLUTE Fig. 3: model error vs rounds, FLUTE vs FedRep(RI) vs FedRep, k x M x N grid",
     config=Config, quick={"rounds": 300, "rep_dim": (4, 8), "num_clients": (15,)}, run=run,
     plot=plot, default_seeds=5))

@@ -51,5 +51,7 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="flute-fig4",
+    rank=90,
+    docs="docs/papers/flute.md",
     summary="FLUTE Fig. 4: FLUTE's model error for gamma1 in {2, 1, 2/3} x gamma2, N in 8..11",
     config=Config, quick={"rounds": 300}, run=run, plot=plot, default_seeds=5))

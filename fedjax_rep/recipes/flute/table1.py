@@ -127,6 +127,8 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="flute-table1",
+    rank=150,
+    docs="docs/papers/flute.md#table-1-neural-networks-flute-table1",
     summary="FLUTE Table 1: FLUTE, FLUTE*, FedRep, FedRep*, FedRoD, FedCP, FedPer, LG-FedAvg, "
             "FedAvg(-FT), + FedBABU on CIFAR-10/100 partitions (tfds files; --quick: digits)",
     config=Config,

@@ -32,7 +32,6 @@ from fedjax_rep.core import loop
 from fedjax_rep.hetero import schedule, speeds, timed
 from fedjax_rep.linear.fedrep import FedRep
 from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import linear as common
 from fedjax_rep.recipes import shared
 
@@ -41,16 +40,11 @@ LABELS = {"srpfl": "SRPFL", "fedrep": "FedRep (all N)", "fastest-n": "fastest n0
 
 
 @dataclasses.dataclass(frozen=True)
-class TimedConfig(placement.Placement):
+class TimedConfig(common.Problem):
   """Fields every SRPFL recipe has."""
   UNSHARDED = "SRPFL's timed schedules"
-  dim: int = common.dim(10)
-  rep_dim: int = common.rep_dim(2)
-  samples_per_client: int = common.samples_per_client(5)
   rounds: int = cfg.rounds(400)
-  lr: float = cfg.lr(0.1)
   noise_std: float = common.noise_std(0.1)
-  seed: int = cfg.seed()
   n0: int = cfg.positive_int("SRPFL's initial participants n0 (and fastest-n's n)", 10)
   schedule: str = cfg.choice("rounds per stage: fixed (stage_rounds each) or theorem "
                              "(Theorem 4.5's rule, calibrated on a pilot FedRep run)", "fixed",
@@ -74,6 +68,16 @@ class TimedConfig(placement.Placement):
       if getattr(self, key) > self.rounds:
         raise cfg.ConfigError(f"{key}={getattr(self, key)} is out of range: it must be an "
                               f"integer in [1, rounds={self.rounds}]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Panels:
+  """The panels of an SRPFL figure (linear or neural): a row per client speed model, a
+  column per communication cost."""
+  speed_models: tuple = cfg.choice("client speed models, one row of panels each",
+                                   ("fixed", "dynamic"), ("fixed", "dynamic"), sequence=True)
+  comm_costs: tuple = cfg.setting((0.0, 10.0, 100.0), cfg.Check(float, low=0.0, sequence=True),
+                                  "communication costs C per round, one column each")
 
 
 def speed_model(kind: str, num_clients: int) -> speeds.SpeedModel:

@@ -23,12 +23,7 @@ from fedjax_rep.recipes.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(sc.TimedConfig):
-  num_clients: int = cfg.num_clients(100)
-  speed_models: tuple = cfg.choice("client speed models, one row of panels each",
-                                   ("fixed", "dynamic"), ("fixed", "dynamic"), sequence=True)
-  comm_costs: tuple = cfg.setting((0.0, 10.0, 100.0), cfg.Check(float, low=0.0, sequence=True),
-                                  "communication costs C per round, one column each")
+class Config(sc.Panels, sc.TimedConfig):
   algorithms: tuple = cfg.choice("algorithms to compare (fedrep sets the target)",
                                  sc.ALGORITHMS, sc.ALGORITHMS, sequence=True)
 
@@ -66,6 +61,8 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="srpfl-linear",
+    rank=100,
+    docs="docs/papers/srpfl.md",
     summary="SRPFL: principal angle vs simulated wall-clock time, SRPFL vs FedRep, fixed and "
             "dynamic speeds, C in {0, 10, 100}",
     config=Config, quick={"rounds": 250, "floor_rounds": 50}, run=run, plot=plot,

@@ -92,7 +92,7 @@ FEMNIST_SAMPLES = 150  # training samples per client (the paper: 15,000 over 100
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(common.Training):
+class Config(sc.Panels, common.Training):
   UNSHARDED = "SRPFL's timed schedules"
   participation: tuple = cfg.setting(
       (1.0, 0.2), cfg.Check(float, low=0.0, high=1.0, open_low=True, sequence=True),
@@ -110,10 +110,6 @@ class Config(common.Training):
   classes_per_client: int = cfg.positive_int(
       "classes per client S (0: the dataset's, the paper's 5 on CIFAR-10 and EMNIST, 20 on "
       "CIFAR-100, 3 on FEMNIST; 5 on digits)", 0, low=0)
-  speed_models: tuple = cfg.choice("client speed models, one row of panels each",
-                                   ("fixed", "dynamic"), ("fixed", "dynamic"), sequence=True)
-  comm_costs: tuple = cfg.setting((0.0, 10.0, 100.0), cfg.Check(float, low=0.0, sequence=True),
-                                  "communication costs C per round, one column each")
   algorithms: tuple = cfg.choice("algorithms to compare (FedRep always runs: it sets the "
                                  "target)", tuple(ALGORITHMS), tuple(ALGORITHMS), sequence=True)
   n0_fraction: float = cfg.fraction("SRPFL's (and FLANP's) first participants n0 = max(1, "
@@ -323,6 +319,8 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="srpfl-neural",
+    rank=160,
+    docs="docs/papers/srpfl.md#neural-networks-srpfl-neural",
     summary="SRPFL on neural nets: test accuracy vs simulated wall-clock time, SRPFL, "
             "LG-SRPFL, FLANP(-FT) vs FedRep, LG-FedAvg, FedAvg(-FT); fixed and dynamic "
             "speeds, C in {0, 10, 100}, full and 20% participation",

@@ -101,6 +101,8 @@ def plot(rows, config: Config, file) -> None:
 
 RECIPE = register(Recipe(
     name="srpfl-speedup",
+    rank=110,
+    docs="docs/papers/srpfl.md",
     summary="SRPFL: simulated time to the target distance vs N in {100, 1000, 10000}, SRPFL vs "
             "FedRep, against Theorem 4.6",
     config=Config, quick={"rounds": 300, "floor_rounds": 60, "num_clients": (100, 1000)},

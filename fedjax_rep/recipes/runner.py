@@ -1,0 +1,317 @@
+"""Running a recipe: over a grid of settings, in memory (`run`) or into a run directory
+(`run_to_dir`: metrics.csv, config.json, the figure, checkpoints), and again from a
+config.json (`replay`).
+
+A run covers every combination of its grid (`--grid KEY=V1,V2,...`, or grid={KEY: values}):
+keys that the recipe declares `traced` are swept inside one call of its run function (one
+compiled program per shape), the other (shape-changing) keys by one call per combination.
+Every swept key is a column of the rows, and so is `grid`, the label of the row's
+combination ("lr=0.3, num_clients=100"); figures draw one line per label.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+
+from fedjax_rep.core import checkpoint
+from fedjax_rep.core import distributed
+from fedjax_rep.core import files
+from fedjax_rep.core import threefry
+from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import outputs
+from fedjax_rep.recipes import placement
+from fedjax_rep.recipes import plugins as plugins_lib
+from fedjax_rep.recipes import registry
+
+
+def check_seeds(seeds) -> int:
+  if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+    raise cfg.ConfigError(f"--seeds must be an integer >= 1, got {seeds!r}")
+  return seeds
+
+
+def _call_unit(name, compute):
+  del name
+  return compute()
+
+
+def _prepare(name, quick, seeds, overrides, grid):
+  """(recipe, validated config, number of seeds, checked grid): every check, before any
+  work."""
+  recipe = registry.get(name)
+  config = registry.resolve(name, quick=quick, overrides=overrides)
+  grid = cfg.parse_grid(config, grid, overrides)
+  for combination in cfg.combinations(grid):
+    placement.check(cfg.apply(config, combination))
+  return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds), grid
+
+
+def _sweep(recipe, config, seeds, grid, unit, progress) -> list[dict]:
+  """The rows of every combination of `grid`: one call of recipe.run per combination of the
+  shape-changing keys (with grid=[traced combinations] where the recipe traces swept keys),
+  each caching its units under the prefix 'KEY=VALUE,...--'; every row gets the swept keys
+  and the `grid` label of its combination as columns. Without a grid: recipe.run's rows.
+  First says on stderr which combinations train on mock data (`mock_lines`)."""
+  if distributed.is_writer():
+    for line in mock_lines(recipe, config, grid):
+      print(line, file=sys.stderr)
+  if not grid:
+    return recipe.run(config, seeds, unit=unit, progress=progress)
+  traced = {key: values for key, values in grid.items() if key in recipe.traced}
+  traced_grid = {"grid": cfg.combinations(traced)} if traced else {}
+  combinations = {cfg.combination_label(c): c for c in cfg.combinations(grid)}
+  rows = []
+  for shape in cfg.combinations({k: v for k, v in grid.items() if k not in traced}):
+    prefix = cfg.combination_label(shape, ",") + "--" if shape else ""
+    for row in recipe.run(cfg.apply(config, shape), seeds,
+                          unit=lambda name, compute, p=prefix: unit(p + name, compute),
+                          progress=progress, **traced_grid):
+      label = cfg.combination_label({key: shape[key] if key in shape else row.get(key)
+                                     for key in grid})
+      if label not in combinations:
+        raise RuntimeError(f"recipe {recipe.name} returned a row of {label}, which is not a "
+                           f"combination of its grid; its run must return the traced keys "
+                           f"{', '.join(traced)} as columns with the values it was given")
+      rows.append({**row, **combinations[label], "grid": label})
+  return rows
+
+
+def mock_lines(recipe, config, grid) -> list[str]:
+  """One line for each different mock data (`Recipe.mock_data`) that the combinations of
+  `grid` (or `config` alone) train on, e.g. "fedjax-rep: fedrep-table1-cifar10 runs on
+  mock data (random examples in the format of CIFAR-10), not the real dataset (source=mock,
+  as --quick sets): its numbers mean nothing; `fedjax-rep data` says how to get the
+  data"."""
+  if recipe.mock_data is None:
+    return []
+  mocks = dict.fromkeys(recipe.mock_data(cfg.apply(config, combination))
+                        for combination in cfg.combinations(grid))
+  return [f"fedjax-rep: {recipe.name} runs on mock data ({mock}), not the real dataset "
+          f"(source=mock, as --quick sets): its numbers mean nothing; `fedjax-rep data` says "
+          f"how to get the data" for mock in mocks if mock is not None]
+
+
+def _figure_config(config, grid):
+  """`config` as the figure sees the rows: each swept sequence field holds all its swept
+  values (e.g. fedrep-fig3's panels, one per num_clients); other fields (and options)
+  are unchanged."""
+  known = cfg.fields(type(config))
+  return dataclasses.replace(config, **{
+      key: values for key, values in grid.items()
+      if key in known and known[key].metadata["check"].sequence})
+
+
+def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(), grid=(),
+        progress: bool = True) -> tuple[list[dict], object]:
+  """Runs recipe `name` in memory over every combination of `grid` (see `_sweep`); writes
+  no files, and prints one line on stderr per diverged run (`diverged_lines`) at the end.
+
+  Args:
+    name: a recipe's name (`fedjax-rep list`).
+    quick: apply the recipe's --quick settings.
+    seeds: runs per algorithm and setting (default: the recipe's `default_seeds`).
+    overrides: 'KEY=VALUE' items, as `--set` takes them.
+    grid: {KEY: values} or 'KEY=V1,V2,...' items, as `--grid` takes them.
+    progress: show a progress bar.
+
+  Returns:
+    (rows, config): the metrics.csv rows (dicts, one per algorithm x seed x round x
+    combination) and the resolved configuration, where a swept sequence field holds all its
+    swept values.
+  """
+  recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
+  rows = _sweep(recipe, config, seeds, grid, _call_unit, progress)
+  _say_diverged(rows)
+  return rows, _figure_config(config, grid)
+
+
+def _summary(recipe, rows, config, grid) -> list[dict]:
+  """recipe.summarize of each combination of `grid` (its rows, its configuration), the
+  combination's swept keys and `grid` label added to each entry; without a grid, that of
+  all rows."""
+  if not grid:
+    return recipe.summarize(rows, config)
+  table = []
+  for combination in cfg.combinations(grid):
+    label = cfg.combination_label(combination)
+    entries = recipe.summarize([r for r in rows if r["grid"] == label],
+                               cfg.apply(config, combination))
+    table += [{**entry, **combination, "grid": label} for entry in entries]
+  return table
+
+
+def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(),
+               grid=(), out: str | None = None, progress: bool = True, overwrite: bool = False,
+               checkpoint_rounds: int | None = None,
+               checkpoint_seconds: float | None = checkpoint.DEFAULT_SECONDS,
+               plugins=()) -> str:
+  """Runs recipe `name` over every combination of `grid` (as `run`) into a run directory:
+  metrics.csv, config.json (the grid, the code's revision, the plugins), NAME.png, and the
+  recipe's summary table (e.g. table1.csv) where it has one.
+
+  Finished units are saved under out/parts and a unit's runs checkpoint as they go, so
+  running again with the same `out`, configuration and grid (e.g. `replay(out/config.json)`)
+  resumes instead of starting over. `out` must be new, empty or such a run
+  (`outputs.RunDir`), and no other process may be writing it (`outputs.InUse`: this process
+  holds its lock until it returns). Prints one line on stderr per diverged run at the end.
+
+  Args:
+    name, quick, seeds, overrides, grid, progress: as `run`.
+    out: the run directory (default runs/NAME-<date>-<time>).
+    overwrite: start a run in `out` over instead of resuming it.
+    checkpoint_rounds: checkpoint a unit's runs every this many rounds (None: by time only).
+    checkpoint_seconds: checkpoint every this many seconds (None: by rounds only).
+    plugins: paths of Python files that register algorithms, imported first
+      (`plugins.load_all`).
+
+  Returns:
+    The run directory.
+  """
+  loaded = plugins_lib.load_all(plugins)
+  recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
+  try:
+    checkpoint.check_policy(checkpoint_rounds, checkpoint_seconds)
+  except ValueError as error:
+    raise cfg.ConfigError(str(error)) from None
+  out = default_out(name) if out is None else out
+  with outputs.RunDir(
+      out, {"recipe": name, "quick": quick, "seeds": seeds,
+            "config": dataclasses.asdict(config), "grid": grid,
+            "code": {"revision": files.revision(), "source": files.source_fingerprint(),
+                     **kernel_record(config),
+                     "threefry": "flat" if threefry.flat() else "jax"},
+            "job": job_record(config), "plugins": loaded,
+            **conventions_record(config, grid),
+            "versions": outputs.versions()},
+      overwrite=overwrite, every_rounds=checkpoint_rounds,
+      every_seconds=checkpoint_seconds) as run_dir:
+    rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
+    swept = (*grid, "grid") if grid else ()
+    run_dir.write_csv("metrics.csv", rows, first=("algorithm", "seed", "round", *swept))
+    written = ["config.json", "metrics.csv"]
+    if recipe.summarize is not None:
+      run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, grid),
+                        first=("algorithm", *swept))
+      written.append(recipe.summary_file)
+    run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, grid), f))
+    run_dir.finish([*written, f"{name}.png"])
+    _say_diverged(rows)
+  return out
+
+
+def _say_diverged(rows: list[dict]) -> None:
+  """Prints `diverged_lines` of `rows` on stderr (process 0 of a job)."""
+  if distributed.is_writer():
+    for line in diverged_lines(rows):
+      print(line, file=sys.stderr)
+
+
+def diverged_lines(rows: list[dict]) -> list[str]:
+  """One line per diverged run of `rows` (metrics.csv rows), in their order: its
+  algorithm, seed, setting (the columns that `shared.round_rows` puts between `round` and
+  `diverged_round`, but those that the `grid` label names, then that label) and the round
+  at which it diverged, e.g. 'fedjax-rep: fedrep seed 0 (grid lr=0.5) diverged at round 1;
+  its metrics are NaN from then on'."""
+  lines = []
+  for row in rows:
+    if not row.get("diverged_round") or row.get("round") != row["diverged_round"]:
+      continue  # one row per diverged run: that of its diverged round
+    columns, grid = list(row), row.get("grid")
+    in_grid = {part.split("=")[0] for part in grid.split(", ")} if grid else set()
+    setting = [f"{key}={row[key]}" for key in
+               columns[columns.index("round") + 1:columns.index("diverged_round")]
+               if key not in in_grid] + ([f"grid {grid}"] if grid else [])
+    lines.append(f"fedjax-rep: {row['algorithm']} seed {row['seed']}"
+                 + (f" ({', '.join(setting)})" if setting else "")
+                 + f" diverged at round {row['round']}; its metrics are NaN from then on")
+  return lines
+
+
+def kernel_record(config) -> dict:
+  """What config.json records of the kernel path that ran: {"kernel": "xla"}, or "native"
+  with its build's file name (`fedjax_rep.native.build_key`) where config.kernel asks for
+  the C++ kernel."""
+  if getattr(config, "kernel", "xla") == "xla":
+    return {"kernel": "xla"}
+  from fedjax_rep.native import fedrep_round  # only here: the default never touches it
+  return {"kernel": "native", "kernel_build": fedrep_round.build_key()}
+
+
+def conventions_record(config, grid: dict) -> dict:
+  """What config.json records of a neural recipe's training conventions (`nn.conventions`):
+  {"conventions": {"preset": "paper"|"authors", knob: value, ...}}, every knob resolved;
+  under a grid, one such entry per combination, under its label; {} for a recipe without
+  them."""
+  if not hasattr(config, "conventions"):
+    return {}
+  from fedjax_rep.recipes import neural  # neural recipes only: the linear ones never load it
+
+  def record(c):
+    return {"preset": c.conventions, **neural.resolved_conventions(c).described()}
+
+  if not grid:
+    return {"conventions": record(config)}
+  return {"conventions": {cfg.combination_label(combination): record(cfg.apply(config,
+                                                                               combination))
+                          for combination in cfg.combinations(grid)}}
+
+
+def job_record(config) -> dict:
+  """What config.json records of where the run ran: its processes and the devices its
+  client axis was split over (not compared on resume: with the cohort groups fixed, the
+  numbers do not depend on them)."""
+  import jax
+  return {"processes": jax.process_count(), "devices": placement.device_count(config)}
+
+
+def default_out(name: str) -> str:
+  """runs/NAME-<date>-<time>: where a run of recipe `name` started now writes by default."""
+  return os.path.join("runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+
+
+def _setting_text(value) -> str:
+  """A configuration value as --set writes it (sequences comma-separated, floats exact,
+  None as auto)."""
+  if isinstance(value, (list, tuple)):
+    return ",".join(map(_setting_text, value))
+  if value is None:
+    return "auto"
+  return repr(value) if isinstance(value, float) else str(value)
+
+
+def _saved_items(saved_config: dict, grid: dict) -> list[str]:
+  """The --set items of a config.json's configuration: each field but those `grid` sweeps,
+  and each option of its `options` as NAME=VALUE."""
+  items = [f"{key}={_setting_text(value)}" for key, value in saved_config.items()
+           if key not in grid and key != "options"]
+  return items + [f"{key}={value!r}" for key, value in saved_config.get("options", ())]
+
+
+def replay(config_path: str) -> dict:
+  """The keywords of `run_to_dir` (name, quick, seeds, overrides, grid, plugins) that run
+  again the run that wrote `config_path` (its config.json): every configuration field as a
+  --set item, checked as any, and the plugins it ran with. ConfigError when the file
+  cannot be read or names no recipe; PluginError when a plugin is missing or changed."""
+  try:
+    with open(config_path) as f:
+      saved = json.load(f)
+  except OSError as error:
+    raise cfg.ConfigError(f"cannot read {config_path} ({error.strerror}): give the "
+                          f"config.json of a run directory") from None
+  except ValueError as error:
+    raise cfg.ConfigError(f"{config_path} is not a run's config.json ({error})") from None
+  if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+    raise cfg.ConfigError(f"{config_path} is not a run's config.json (no 'config' entry)")
+  name = saved.get("recipe")
+  try:
+    registry.get(name)
+  except cfg.ConfigError:
+    raise cfg.ConfigError(f"{config_path} names recipe {name!r}, which is not one of "
+                          f"{', '.join(registry.all_recipes())}") from None
+  grid = saved.get("grid") or {}
+  return {"name": name, "quick": bool(saved.get("quick")), "seeds": saved.get("seeds"),
+          "overrides": _saved_items(saved["config"], grid),
+          "grid": {key: tuple(values) for key, values in grid.items()},
+          "plugins": plugins_lib.recorded(saved.get("plugins"), config_path)}
