@@ -1,8 +1,8 @@
 """Independent numpy reference of FedCP's rounds and evaluation for an MLP, written plainly
-from the algorithm (PFLlib's clientcp.py / servercp.py, as fedjax_rep/nn/fedcp.py's
-docstring states it): float64, a Python loop over clients, hand-written backprop through
-the body, the conditional policy network (Dense, LayerNorm, ReLU), the Gumbel-softmax
-masks, both heads and the MMD term.
+from the algorithm (PFLlib's clientcp.py / servercp.py, as nn/fedcp.py's docstring and
+docs/papers/flute.md state it): float64, a Python loop over clients, hand-written
+backprop through the body, the conditional policy network (Dense, LayerNorm, ReLU), the
+Gumbel-softmax masks, both heads and the MMD term.
 
 Params are flat dicts named as the package names them: the body 'body/fc1/kernel', ...
 (nn_reference's MLP), the personal head 'head/kernel' [F, C] and 'head/bias', the global

@@ -1,34 +1,18 @@
 """The round loop: rounds under `lax.scan` inside `jit`, driven from Python in chunks.
 
-An algorithm follows `core.protocols.Algorithm`:
-
-  init(key, data, hparams) -> state
-  round(state, key, data, hparams) -> (state, metrics)   # metrics: dict of scalars
-  evaluate(state, data, hparams) -> metrics               # optional (`Evaluated`)
-  quick_compile: bool, tracked_metric: str | None         # attributes (see below)
-
-Its fields are structure (sizes, step counts: static, part of the compiled program);
-`hparams` are traced numbers, so a sweep over them is a `vmap`, not a recompile.
-The key of round t is `fold_in(rounds_key, t)`, so the numbers do not depend on how
-the rounds are split into chunks, and a run can be resumed from any round.
-Chunk boundaries fall on multiples of `chunk` and of `eval_every`; `evaluate` runs at
-those of `eval_every` and after the last round. The carried state is donated between
-chunks (a state passed in by the caller is copied first, so it stays valid).
-
-A run diverges at the first round whose new state or metrics are not finite, or whose
-tracked metric (`algorithm.tracked_metric` where the round reports it, else train_loss)
-exceeds `blowup` times its magnitude at the run's first round (the reference, carried like
-the state, so a resumed run gives the same numbers). A diverged run keeps its state from
-before that round and reports NaN metrics from then on, in its rounds and in every
-evaluation after it (which `evaluate` runs on that kept state).
-
-On the CPU, the programs of an algorithm with `quick_compile` set (the neural algorithms set
-it) are compiled with `QUICK_COMPILE`: LLVM's optimisation level 1 and XLA:CPU's older
-fusion emitters, which compile them in about half the time and run their rounds as fast
-(docs/benchmarks.md), with numbers that differ from XLA's defaults by float32 rounding.
-Other algorithms, and every algorithm on other platforms, get XLA's defaults.
-`jit_by_algorithm` jits any other program of an algorithm (e.g. a recipe's analysis) the
-same way.
+An algorithm (`core.protocols.Algorithm`) has init(key, data, hparams) -> state,
+round(state, key, data, hparams) -> (state, metrics: a dict of scalars), optionally
+evaluate(state, data, hparams) -> metrics (`Evaluated`), and the attributes quick_compile
+and tracked_metric. Its fields are static structure, `hparams` traced numbers. Round t's
+key is `fold_in(rounds_key, t)`, whatever the chunks, so a run resumes from any round.
+Chunks end at multiples of `chunk` and of `eval_every`; `evaluate` runs at the latter and
+after the last round; the state is donated between chunks (a caller's is copied first).
+A run diverges at the first round whose state or metrics are not finite, or whose tracked
+metric (else train_loss) exceeds `blowup` times its magnitude at the first round (the
+reference, carried like the state); it keeps its state from before that round, and its
+metrics and later evaluations are NaN. On the CPU the programs of a `quick_compile`
+algorithm, and those `jit_by_algorithm` jits, compile with `QUICK_COMPILE` (LLVM -O1,
+XLA:CPU's older fusion emitters; docs/neural.md); the rest get XLA's defaults.
 """
 
 import dataclasses

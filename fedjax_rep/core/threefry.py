@@ -1,19 +1,16 @@
 """Opt-in: JAX's Threefry-2x32 hash lowered on one flat axis on the CPU (same bits).
 
 Every `jax.random` draw, split and fold-in applies the Threefry-2x32 hash
-(`jax.extend.random.threefry2x32_p`) elementwise to uint32 counters shaped like the result:
-a vmapped weight draw hashes a [clients, 32, 10] array. XLA:CPU compiles each such hash into
-its own loop kernel, and on small multi-dimensional shapes LLVM unrolls that loop fully (a
-kernel of about a megabyte of IR for 960 elements). `use_flat(True)` registers a CPU
-lowering of the primitive that broadcasts its four operands to their common shape, flattens
-them to one axis, hashes them (`hash_2x32`) and reshapes the two results back. The hash is
-elementwise, so the bits are the same as JAX's; only the compiled program differs.
-
-This replaces, for the whole process, how JAX lowers one of its primitives on the CPU: it is
-an explicit opt-in (`fedjax-rep run --flat-threefry`, `fr.use_flat_threefry()`), recorded
-in a run's config.json as code.threefry. It applies to programs lowered after the call
-(programs already compiled, in memory or in the persistent cache, stay as they were).
-Other platforms keep JAX's lowering. Measurements: docs/benchmarks.md.
+(`jax.extend.random.threefry2x32_p`) elementwise to uint32 counters shaped like the result
+(a vmapped weight draw hashes a [clients, 32, 10] array); on small multi-dimensional shapes
+XLA:CPU's LLVM unrolls each such hash's loop fully. `use_flat(True)` registers, for the
+whole process, a CPU lowering of the primitive that broadcasts its four operands to their
+common shape, flattens them to one axis, hashes them (`hash_2x32`) and reshapes the two
+results back: the same bits, another compiled program. It is an explicit opt-in
+(`fedjax-rep run --flat-threefry`, `fr.use_flat_threefry()`, recorded in config.json as
+code.threefry) for programs lowered after the call (compiled ones, in memory or in the
+persistent cache, stay as they were); other platforms keep JAX's lowering. Measurements:
+docs/benchmarks.md.
 """
 
 import numpy as np

@@ -149,10 +149,10 @@ class ClientDatasets:
 
 
 def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
-  """One ClientDatasets with a leading axis over `datasets` (e.g. seeds); of FlatClients,
-  `flat.stack`.
+  """One ClientDatasets with a leading axis over `datasets` (e.g. one per seed).
 
-  Each is padded with zero rows to the largest m and t among them.
+  Each is padded with zero rows to the largest m and t among them. A list of FlatClients
+  is stacked by `flat.stack` instead (one FlatClients with a leading run axis).
 
   Args:
     datasets: s >= 1 ClientDatasets of the same n clients, input shape and dtype and

@@ -2,19 +2,16 @@
 
 `FlatClients` holds every client's train and test samples as rows of one store x [N, ...],
 y [N]: client i trains on the counts[i] rows from offsets[i] and is tested on the
-test_counts[i] rows from test_offsets[i]. Memory follows the real samples, however
-unequal the clients (`federated.ClientDatasets` pads every client to the largest).
-
-`map_clients` runs a function over clients by size classes: a client of m training rows
-belongs to the class of R = max(MIN_ROWS, the next power of two >= m) rows. The clients are
-sorted by size; those of a class run in groups of similar sizes (one vmap each, the groups
-one after another in a loop whose trip count is the class's number of groups among the
-clients), each client given its rows gathered from the store and zero-padded to R
-(`group_size` says how many run together). Together with local SGD that runs only the steps
-a client's real rows fill (`nn.train.sgd_epochs`), a client's work follows its own size,
-not the largest client's, and the programs are compiled once per class for every round. A
-client's numbers are those of the same client padded to any size (its shuffles do not
-depend on the padding), up to float32 round-off.
+test_counts[i] rows from test_offsets[i], so memory follows the real samples
+(`federated.ClientDatasets` pads every client to the largest). `map_clients` runs a
+function over clients by size classes: a client of m training rows is in the class of
+R = max(MIN_ROWS, the next power of two >= m) rows; the clients, sorted by size, run in
+groups of similar sizes (`group_size` together, one vmap per group, the class's groups in a
+loop), each given its rows gathered from the store and zero-padded to R. With local SGD
+that runs only the steps its real rows fill (`nn.train.sgd_epochs`), a client's work
+follows its own size, with programs compiled once per class; its numbers are those of the
+same client padded to any size (its shuffles do not depend on the padding), up to float32
+round-off.
 """
 
 import math
@@ -240,10 +237,25 @@ def segments(x, y, offsets, counts, test_offsets, test_counts, num_classes: int)
 
 
 def flat_clients(x, y, parts, x_test, y_test, test_parts, num_classes: int) -> FlatClients:
-  """FlatClients of clients given by index arrays into a dataset's train and test rows, as
-  `federated.client_datasets` takes them: client i trains on rows parts[i] of (x, y) and is
-  tested on rows test_parts[i] of (x_test, y_test). The store holds the training rows of
-  every client, then the test rows (copied once)."""
+  """FlatClients of clients given by index arrays into a dataset's train and test rows.
+
+  The clients are given as `federated.client_datasets` takes them: client i trains on rows
+  parts[i] of (x, y) and is tested on rows test_parts[i] of (x_test, y_test). The store
+  holds the training rows of every client, then the test rows (copied once).
+
+  Args:
+    x: the dataset's training inputs [N, ...].
+    y: their labels [N] (int).
+    parts: n index arrays into x's rows, [m_i] each (client i's training rows).
+    x_test: the dataset's test inputs [N_test, ...].
+    y_test: their labels [N_test] (int).
+    test_parts: n index arrays into x_test's rows, [t_i] each (client i's test rows).
+    num_classes: the number of classes C.
+
+  Returns:
+    FlatClients of the n clients: a store x [S, ...], y [S] of S = sum_i (m_i + t_i) rows,
+    with counts [n] (the m_i) and test_counts [n] (the t_i).
+  """
   lengths = lambda ps: np.array([len(p) for p in ps], np.int64)
   counts, test_counts = lengths(parts), lengths(test_parts)
   concat = lambda ps: np.concatenate([np.asarray(p, np.intp) for p in ps]) if len(ps) else (

@@ -2,21 +2,16 @@
 
 `Timed` wraps an algorithm that has `masked_round` (the FedRep family). Every round it
 samples a cohort of N clients, draws their times per local update from the speed model,
-keeps the fastest n_t of those that report (n_t from a schedule), runs the inner
-round on them (the others are masked out: shapes stay static, so a whole run compiles
-once), and advances the clock by the slowest kept client's time x local updates + C.
-
-- SRPFL (`srpfl_participants`): n_t follows the doubling n0, 2 n0, 4 n0, ..., N
-  (Algorithms 1 and 2; the representation is warm-started across stages by carrying on).
-- straggler-prone FedRep (`fixed_participants(N, N, T)`): all N every round.
-- fastest n (`fixed_participants(N, n, T)`): the fastest n every round.
-
-`EvaluatedTimed` wraps an algorithm that also has `evaluate` (the neural ones), so that the
-loop evaluates the inner state every `eval_every` rounds: with the doubling schedule it is
-SRPFL around neural FedRep, LG-SRPFL around LG-FedAvg, FLANP(-FT) around FedAvg(-FT).
-
-The schedule n_t and the communication cost C are traced hyperparameters (`TimedHparams`),
-so SRPFL, its baselines and several C are one vmapped program.
+keeps the fastest n_t of those that report (n_t from a schedule), runs the inner round on
+them (the others masked out: static shapes, so a whole run compiles once) and advances the
+clock by the slowest kept client's time x local updates + C. Schedules: SRPFL's doubling
+n0, 2 n0, 4 n0, ..., N (`srpfl_participants`; Algorithms 1 and 2, the representation
+carried across stages), all N every round (`fixed_participants(N, N, T)`, straggler-prone
+FedRep) or the fastest n (`fixed_participants(N, n, T)`). `EvaluatedTimed` wraps an
+algorithm that also has `evaluate` (the neural ones) and evaluates the inner state every
+`eval_every` rounds: SRPFL around neural FedRep, LG-SRPFL around LG-FedAvg, FLANP(-FT)
+around FedAvg(-FT). n_t and C are traced (`TimedHparams`), so SRPFL, its baselines and
+several C are one vmapped program.
 """
 
 import dataclasses

@@ -51,13 +51,21 @@ class RepState:
 
 def mean_rep_gradient(X: jax.Array, residual: jax.Array, w: jax.Array,
                       counts: jax.Array | None = None, mask: jax.Array | None = None):
-  """(1/c) sum_i (1/m_i) X_i^T r_i w_i^T [d, k]: the mean over clients of the gradient in B of
-  (1/2m_i)||X_i B w_i - y_i||^2, for X [c, m, d], residual r = X B w - y [c, m], w [c, k].
+  """The mean over clients of the gradient in B of (1/2m_i)||X_i B w_i - y_i||^2.
 
-  m_i = counts[i] real samples (padding rows are zero), default m. With `mask` [c] (bool)
-  the mean is over the clients where it is True (c = their number).
-  One contraction over (client, sample) (`aggregate.weighted_einsum`), instead of c small
-  products.
+  That is (1/c) sum_i (1/m_i) X_i^T r_i w_i^T, computed as one contraction over (client,
+  sample) (`aggregate.weighted_einsum`), instead of c small products.
+
+  Args:
+    X: the clients' samples [c, m, d] (padding rows zero).
+    residual: r = X B w - y [c, m].
+    w: the clients' heads [c, k].
+    counts: m_i, the real samples of each client [c]; None: m for all.
+    mask: [c] (bool): the mean is over the clients where it is True (c = their number);
+      None: all.
+
+  Returns:
+    The mean gradient [d, k].
   """
   c, m = residual.shape
   counts = jnp.full((c,), m, residual.dtype) if counts is None else counts

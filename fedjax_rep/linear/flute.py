@@ -1,21 +1,17 @@
 """Linear FLUTE (Liu, Shen, Yang 2024, Algorithm 1, Eqs. 5-6).
 
-Every round every client i sends the gradients of its loss L_i(w_i, B) in w_i and B; the
-server takes the data step (Eq. 5)
+Every round every client i sends the gradients of its loss L_i(w_i, B); the server takes
+the data step (Eq. 5), then the step on the regulariser R(B, W) = -gamma1 ||B W||_F^2 +
+gamma2 (||B^T B||_F^2 + ||W W^T||_F^2) evaluated at the previous iterate (Eq. 6):
 
   B~ = B - eta_l sum_i grad_B L_i,     w~_i = w_i - eta_l grad_{w_i} L_i,
-
-then the step on the regulariser R(B, W) = -gamma1 ||B W||_F^2 + gamma2 (||B^T B||_F^2 +
-||W W^T||_F^2) evaluated at the previous iterate (Eq. 6):
-
   B = B~ - eta_r grad_B R(B, W),       W = W~ - eta_r grad_W R(B, W).
 
-With eta_l = eta_r this is one gradient step on sum_i L_i + R. W = [w_1 .. w_M] is stored as
-`heads` [M, k] (W^T). The loss normalisation is static:
-- 'half-mean': L_i = (1/2N) sum (x^T B w_i - y)^2 (the scale of the paper's Appendix A
-  analysis); stable at the paper's eta = 0.03 on App. C.1's problems.
-- 'mean': L_i = (1/N) sum (x^T B w_i - y)^2 (Algorithm 1 as printed); the gradients are
-  twice as large, and eta = 0.03 diverges on App. C.1's problems (see flute-fig3).
+With eta_l = eta_r this is one gradient step on sum_i L_i + R. W = [w_1 .. w_M] is stored
+as `heads` [M, k] (W^T). The loss normalisation is static: 'half-mean',
+L_i = (1/2N) sum (x^T B w_i - y)^2 (the scale of the paper's Appendix A analysis), or
+'mean', L_i = (1/N) sum (x^T B w_i - y)^2 (Algorithm 1 as printed: twice the gradients;
+its stability at eta = 0.03: docs/papers/flute.md).
 """
 
 import dataclasses

@@ -24,9 +24,11 @@ def principal_angle(B: jax.Array, B_star: jax.Array) -> jax.Array:
 
 def mean_squared_error(theta: jax.Array, X: jax.Array, y: jax.Array,
                        counts: jax.Array | None = None) -> jax.Array:
-  """Mean over clients and samples of (x^T theta_i - y)^2; with `counts`, the mean over the
-  clients with counts[i] > 0 of each one's mean over its first counts[i] samples (a client
-  without samples is left out; NaN if none has any).
+  """The mean squared error (x^T theta_i - y)^2 of the clients' linear models.
+
+  The mean is over clients and samples; with `counts`, the mean over the clients with
+  counts[i] > 0 of each one's mean over its first counts[i] samples (a client without
+  samples is left out; NaN if none has any).
 
   Args:
     theta: the clients' models [n, d].

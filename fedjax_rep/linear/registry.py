@@ -70,14 +70,29 @@ ALGORITHMS = registry.ALGORITHMS["linear"]
 
 def make_algorithm(name: str, *, rep_dim: int, cohort: int | None = None, local_steps: int = 1,
                    init_method: str = "moments", loss: str = "half-mean", kernel: str = "xla"):
-  """The round-based linear algorithm registered as `name`: 'fedrep', 'fedrep-ri', 'gd-gd',
-  'Ngd-gd', 'fedavg' (with `local_steps`), 'fedavg-tauN' (N local steps), 'd-gd' (one local
-  step), all of which need `cohort`, or 'flute' (with loss normalisation `loss`; every
-  client every round, so no cohort). Local-only training is `local.local_models` (no
-  rounds).
+  """The round-based linear algorithm registered as `name`, with its structure.
 
-  kernel: `FedRep.kernel` of 'fedrep' and 'fedrep-ri' (exact-head FedRep): "xla" (default)
-  or "native" (the opt-in C++ round). Any other algorithm takes "xla" only (else a
-  ValueError naming it)."""
+  Local-only training is `local.local_models` (no rounds).
+
+  Args:
+    name: 'fedrep', 'fedrep-ri', 'gd-gd', 'Ngd-gd', 'fedavg' (with `local_steps`),
+      'fedavg-tauN' (N local steps), 'd-gd' (one local step), all of which need `cohort`,
+      or 'flute' (every client every round, so no cohort).
+    rep_dim: the representation's dimension k (B is [d, k]).
+    cohort: the clients sampled per round (not for 'flute').
+    local_steps: the local GD steps per round of 'fedavg'.
+    init_method: how B0 is drawn (`init.init_representation`: "moments", "random",
+      "random-scaled", "gaussian"); 'fedrep-ri' and 'flute' start from FLUTE's Gaussian
+      B0 whatever it says.
+    loss: the loss normalisation of 'flute', "half-mean" (1/(2N)) or "mean" (1/N).
+    kernel: `FedRep.kernel` of 'fedrep' and 'fedrep-ri' (exact-head FedRep): "xla"
+      (default) or "native" (the opt-in C++ round). Any other algorithm takes "xla" only.
+
+  Returns:
+    The algorithm: a `FedRep`, `FedAvg` or `Flute` (a frozen dataclass).
+
+  Raises:
+    ValueError: an unknown name, or a kernel other than "xla" for an algorithm without one.
+  """
   return registry.make(name, "linear", rep_dim=rep_dim, cohort=cohort, local_steps=local_steps,
                        init_method=init_method, loss=loss, kernel=kernel)

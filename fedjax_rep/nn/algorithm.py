@@ -1,21 +1,17 @@
 """The neural round: a cohort trains locally (one vmap over client groups), the server
 averages the shared parameters, every client keeps its personal ones.
 
-`Personalized` is the base every neural algorithm derives from. Its fields are structure
-(static: the model, cohort size, epochs, batch size, client group size, placement); its
-`NNHparams` are traced, with the options the algorithm declares (`options`, a tuple of
-`hparams.Option`). A subclass overrides some of these hooks (docs/api.md, "Adding an
-algorithm"):
-
-- `labels(flat)`: which parameters are shared and which personal;
-- `initial_parts(flat)`, `initial_server(shared)`: the state's parts at the start;
-- `client_update(shared, personal, x, y, count, key, hparams, info)`: a client's local
-  training, returning (what it sends, its new personal params, its mean loss);
-- `server_update(shared, sent, weights, hparams, info)`: (new shared params, new server
-  state) from what the cohort sent; `info` (`RoundInfo`) carries the round index, the
-  server state and the number of clients;
-- `eval_params(...)`: the params a client is tested with.
-Sharding: `sharded`; evaluation: `evaluation`; conventions: `conventions`; checks: `contract`.
+`Personalized` is the base of every neural algorithm: its fields are structure (the model,
+cohort size, epochs, batch size, client group size, placement), its `NNHparams` traced,
+with the options it declares (`options`, a tuple of `hparams.Option`). A subclass
+overrides some hooks (docs/api.md, "Adding an algorithm"): `labels(flat)` (which params
+are shared, which personal); `initial_parts(flat)`, `initial_server(shared)` (the starting
+state); `client_update(shared, personal, x, y, count, key, hparams, info)` -> (what it
+sends, new personal params, mean loss); `server_update(shared, sent, weights, hparams,
+info)` -> (new shared params, new server state); `eval_params(...)` (the params a client
+is tested with). `info` (`RoundInfo`) carries the round index, the server state and the
+number of clients. Sharding: `sharded`; evaluation: `evaluation`; conventions:
+`conventions`; checks: `contract`.
 """
 
 import dataclasses

@@ -1,37 +1,18 @@
 """Training conventions where the papers' own code differs from their text, as named knobs.
 
-FedRep's (lgcollins/FedRep) and FLUTE's (RenpuLiu/flute, forked from it) PyTorch code
-train in ways the papers do not state, or state otherwise. Each difference is a knob with
-two values, "paper" (the engine's default) and their code's ("authors"); `PRESETS` sets
-them together and `resolve` takes a preset with single knobs changed. The "paper" value
-is the paper's text where it is explicit (feature_penalty, flute_star_order), our
-reading where it is silent (starting_heads, bias_decay), and for averaging the engine's
-count weighting, although FedRep's Algorithm 1 is uniform (so "paper" keeps the numbers
-of every run made before these knobs):
-
-- feature_penalty (FLUTE, Eq. 10's lambda1 ||psi(x)||^2): "mean" over a minibatch's rows
-  (Eq. 10), or "sum" over them (FLUTE's code: lambda1 times the batch size as a mean).
-- flute_star_order (FLUTE*): "joint-first", the joint epochs then the head epochs, each
-  phase with a fresh optimiser (Sec. 7.2's description), or "head-first", the head epochs
-  (body frozen) then the joint ones with one optimiser and its momentum throughout
-  (FLUTE's code).
-- starting_heads (FedRep, FedPer, LG-FedAvg, FLUTE): a client that has not trained yet
-  starts from, and is tested with, its "initial" personal params (our reading of the
-  papers, which are silent: every client starts from the initial model), or the "averaged" ones: the mean, weighted as
-  the server averages, of the personal params the last round's cohort trained (both
-  codes, whose untrained clients' personal params alias the global model, into which
-  the server loads every averaged parameter, heads included).
-- bias_decay (local SGD of every algorithm): weight decay "on" every parameter (our
-  reading of the papers' "weight decay 1e-4"), or "off" for biases (both codes put biases in an
-  optimiser group without weight decay).
-- averaging (the server's mean of the shared params, and of train_loss): weighted by the
-  clients' sample counts ("samples"; FedAvg's rule) or "uniform" over the cohort
-  (FedRep's Algorithm 1; both codes on CIFAR; on LEAF's data they weight by counts).
-
-The "paper" values are the engine's defaults. The traced ones are `hparams.options`
-flags (OPTIONS below; absent is the paper's value, so a run with the papers' conventions
-is the same program as before these knobs); flute_star_order is structure (the
-`Flute.head_first` field).
+Each knob has two values, "paper" (the engine's default) and "authors" (the code of
+lgcollins/FedRep and of RenpuLiu/flute, forked from it); `PRESETS` sets them together and
+`resolve` takes a preset with single knobs changed:
+- feature_penalty (FLUTE, Eq. 10's lambda1 ||psi(x)||^2): "mean" or "sum" over a minibatch;
+- flute_star_order (FLUTE*): "joint-first" (the joint then the head epochs, a fresh
+  optimiser each) or "head-first" (the head epochs first, one optimiser throughout);
+- starting_heads (FedRep, FedPer, LG-FedAvg, FLUTE): an untrained client starts from, and
+  is tested with, the "initial" personal params or the "averaged" ones (the last cohort's
+  trained ones, weighted as the server averages);
+- bias_decay: weight decay "on" every parameter, or "off" for biases;
+- averaging (the shared params and train_loss): by sample counts ("samples") or "uniform".
+The traced knobs are `hparams.options` flags (OPTIONS; absent is "paper"'s value);
+flute_star_order is structure (`Flute.head_first`). Each value's source: docs/neural.md.
 """
 
 import dataclasses
@@ -112,8 +93,14 @@ PRESETS = {PAPER: Conventions(),
 
 
 def resolve(preset: str = PAPER, **knobs) -> Conventions:
-  """The conventions of `preset` ("paper" or "authors") with the knobs given (a value of
-  KNOBS; None: the preset's) changed.
+  """The conventions of `preset` with the knobs given changed.
+
+  Args:
+    preset: "paper" or "authors" (a key of PRESETS).
+    **knobs: knob=value, a knob of KNOBS and one of its values (None: the preset's).
+
+  Returns:
+    The `Conventions` (one value of each knob).
 
   Raises:
     ValueError: an unknown preset, knob or value.

@@ -1,43 +1,18 @@
-"""Fed-MTL (Smith et al. 2017, MOCHA's objective) as FedRep's authors ran it (their
-main_mtl.py and models/Update.py::LocalUpdateMTL): every client keeps its whole model
-personal, trained with a regulariser that couples the cohort's models; nothing is averaged.
+"""Fed-MTL (Smith et al. 2017, MOCHA's objective) as FedRep's authors ran it (main_mtl.py,
+models/Update.py::LocalUpdateMTL): every client's whole model is personal, trained with a
+regulariser that couples the cohort's models; nothing is averaged.
 
-In a round the cohort's m models, flattened (p parameters: all but an embedding
-'body/embed/...'), form W [p, m], fixed at the round's start. Client j trains its own
-model for `local_epochs` of SGD on
-
-  CE + lambda (||W||_F^2 + tr(W Omega W^T)),
-
-column j of W being its live parameters w_j, the other columns their round-start values.
-With Omega = a I_m + b 1 1^T, the regulariser is lambda ((1 + a) ||w_j||^2 + b ||s||^2) up
-to a constant, s = sum of W's columns = S - w_j(start) + w_j: the cohort couples through
-one sum S of its round-start models (`cohort_sum`, a psum when sharded). Clients are
-tested with their own model. Choices, and departures from the authors' code:
-
-- Omega (`mtl_omega`): the authors write omega = (I - 1 1^T / m) ** 2, an element-wise
-  square of a torch tensor. FedRep's main_mtl.py never defines I (the line raises
-  NameError as published); LG-FedAvg's main_mtl.py, which it is a copy of less that line,
-  and PFLlib's FedMTL set I = ones(m, m), so what ran is Omega = (1 - 1/m)^2 1 1^T ("ones",
-  the default: a = 0, b = (1 - 1/m)^2). "eye": I the identity, Omega with (1 - 1/m)^2 on
-  its diagonal and 1/m^2 off it (a = 1 - 2/m, b = 1/m^2). "centering": MOCHA's matrix
-  square, I - 1 1^T / m (a = 1, b = -1/m).
-- lambda: the traced `hparams.options["mtl_lambda"]`; absent, the authors' scale 10^-f,
-  f = floor(log10 p) + 2 (their `(int)(math.log10(p) + 1) + 1`).
-- The trace is over all p rows; the authors sum it over blocks of 4000 rows, which drops
-  the last p mod 4000 rows (||W||_F^2 they take whole).
-- m: the clients that train this round (the cohort less masked clients; a masked client
-  does not train, so it is not in W, as an unsampled one is not).
-- No weight decay, whatever `hparams.weight_decay` says: the authors put every regularised
-  parameter in their optimiser's no-weight-decay group. Momentum is `hparams.momentum`
-  (theirs: 0.5).
-- The embedding (Sent140's LSTM) is personal and trained but not in W. The authors drop the
-  first key of their model's state dict, which there is the LSTM's input kernel (their
-  GloVe table is a fixed tensor, not a parameter), and reset it to the initial model every
-  round.
-- The reported loss is the cross-entropy (the regulariser adds to the gradient only); the
-  authors report CE + regulariser. Their Sent140 runs average the clients' models into a
-  global one that evaluation then overwrites with each client's own: no effect, left out,
-  as is their extra last round in which every client trains.
+The m clients that train this round (masked ones do not) form W [p, m] of their models
+flattened (p parameters: all but an embedding 'body/embed/...'), fixed at the round's
+start. Client j trains for `local_epochs` of SGD (momentum `hparams.momentum`, no weight
+decay) on CE + lambda (||W||_F^2 + tr(W Omega W^T)), column j of W its live w_j. With
+Omega = a I_m + b 1 1^T that is lambda ((1 + a) ||w_j||^2 + b ||s||^2) up to a constant,
+s = S - w_j(start) + w_j, S the sum of the round-start models (`cohort_sum`, a psum when
+sharded). `mtl_omega`: "ones" (the default; a = 0, b = (1 - 1/m)^2), "eye" (a = 1 - 2/m,
+b = 1/m^2) or "centering" (a = 1, b = -1/m); lambda: the traced option "mtl_lambda",
+absent 10^-(floor(log10 p) + 2). The embedding is personal and trained, not in W. Clients
+are tested with their own model; the reported loss is the cross-entropy. Departures from
+the authors' code: docs/papers/fedrep.md.
 """
 
 import dataclasses

@@ -2,23 +2,14 @@
 Image Classification"): FedAvg on the body only, under a head frozen at its random
 initialisation; every client fine-tunes the global model before it is tested.
 
-The server keeps one model. A sampled client trains its body for `local_epochs` with the
-head frozen and sends the body; the server averages the bodies weighted by sample counts.
-The head is never trained nor averaged: it keeps its initial bits (the model's own random
-initialisation, the same for all clients) for the whole run. Before it is tested (at every
-evaluation) each client fine-tunes the global model for `ft_epochs` on its own training
-data: body and head together (`babu_ft_body`, default True), or the head alone with the
-body frozen (False).
-
-The default fine-tunes the body too: the paper's fine-tuning updates the whole model, and
-PFLlib's clientbabu.py `fine_tune(which_module=['base', 'head'])` does the same by default
-(with fine_tuning_epochs = 10, our registry's default ft_epochs). PFLlib fine-tunes once,
-after the last round, each client's own copy of the model, whose body is the one it last
-received; here every evaluation fine-tunes from the server's current body. Fine-tuning is
-`train.sgd_epochs` from a fresh optimiser state, as every local phase here.
-
-New clients (`new_clients`) do as the clients do at evaluation: they fine-tune the global
-model, its frozen head included (not a head from zero: the body was trained for that head).
+A sampled client trains its body for `local_epochs` with the head frozen and sends it; the
+server averages the bodies weighted by sample counts. The head keeps its initial bits (the
+model's own random initialisation, the same for all clients) for the whole run. At every
+evaluation each client fine-tunes the server's model for `ft_epochs` on its own training
+data (`train.sgd_epochs` from a fresh optimiser state): body and head together
+(`babu_ft_body`, default True) or the head alone. New clients (`new_clients`) fine-tune
+the global model the same way, its frozen head included. Departures from PFLlib's
+clientbabu.py: docs/papers/fedrep.md.
 """
 
 import dataclasses

@@ -1,45 +1,18 @@
-"""FedCP (Zhang et al., KDD 2023, "FedCP: Separating Feature Information for Personalized
-Federated Learning via Conditional Policy"), as its authors' code in PFLlib runs it
-(system/flcore/clients/clientcp.py, servers/servercp.py).
+"""FedCP (Zhang et al., KDD 2023): a conditional policy network (CPN) splits each sample's
+features between a personal and the global head, as PFLlib's clientcp.py/servercp.py run it.
 
-A client's model is its body psi (from the server's), its personal head (W_p, b_p), the
-server's global head (W_g, b_g, frozen in local training) and the conditional policy
-network (CPN, from the server's). On features h = psi(x) [b, F] the CPN scores
-s = ReLU(LayerNorm(Dense_2F(h * c))) [b, 2, F], with c [F] the client's context: its
-personal head's kernel [F, C] summed over the classes, L2-normalised (no gradient). The
-masks are the soft Gumbel-softmax over the pair axis, (m_p, m_g) = softmax((s + g) / tau),
-g Gumbel noise (their fixed tau = 1, hard = False; m_g = 1 - m_p), and the logits are
-head_p(h * m_p) + head_g(h * m_g). A sampled client trains body, personal head and CPN
-together for `local_epochs` on the minibatch loss
-
-  CE(logits, y) + fedcp_lambda MMD^2(psi(x), psi_0(x)),
-
-psi_0 the round's global body (frozen), MMD^2 their 'rbf' estimate (means over all pairs of
-the minibatch's real rows, diagonal included) with k(u, v) = sum_a exp(-|u - v|^2 / (2a)),
-a in BANDWIDTHS = (10, 15, 20, 50). It sends its
-body, its CPN and 0.5 (personal head) + 0.5 (global head); the server averages each
-weighted by sample counts (so the round runs sharded: only `cohort_sum`), and the client
-keeps its personal head. The MMD steers the gradient only (`train.gradient_only`): the
-reported loss is the cross-entropy.
-
-Choices and departures from the authors' code:
-- Gumbel noise is drawn in evaluation too, as their F.gumbel_softmax does in eval mode:
-  from the client's evaluation key (`eval_params` hands it to `logits` as MASK_KEY). In
-  training it comes from each step's key (the first of its split; the second: dropout).
-- They hand the new global head and CPN only to the round's cohort after aggregation, so a
-  client not sampled last round trains and is tested with the ones it last received; here
-  every client uses the server's current ones (the same under full participation, as in
-  their runs, -jr 1).
-- Their context is drawn U(0, 1) until a client's first round; here it is the initial
-  personal head's (their later contexts are the personal head's, as here).
-- The CPN starts from flax's Dense init (lecun normal, zero bias) like our models, not
-  PyTorch's; LayerNorm as PyTorch's (eps 1e-5, affine).
-- Their optimiser is plain SGD; ours (momentum, weight decay) comes from hparams. Their
-  loader drops a last partial minibatch; ours trains on it (`train.sgd_epochs`).
-- fedcp_lambda defaults to 5, the authors' run script's (TsingZ0/FedCP run_me.sh, -lam 5;
-  PFLlib's default is 1). That repository's client takes the context from the change of
-  the global head (sum of |W_g old - W_g new|); PFLlib's, followed here, from the
-  personal head.
+A client has the server's body psi and CPN, its personal head (W_p, b_p) and the server's
+global head (W_g, b_g; frozen in local training). On h = psi(x) [b, F] the CPN scores
+s = ReLU(LayerNorm(Dense_2F(h * c))) [b, 2, F], c [F] the personal kernel [F, C] summed
+over the classes, L2-normalised (no gradient); the masks are (m_p, m_g) = softmax((s + g)
+/ TAU) over the pair axis (a soft Gumbel-softmax, TAU = 1) and the logits
+head_p(h * m_p) + head_g(h * m_g). A sampled client trains body, personal head and CPN for
+`local_epochs` on CE + fedcp_lambda MMD^2(psi(x), psi_0(x)), psi_0 the round's global body
+(frozen), MMD^2 the 'rbf' estimate (means over all pairs of real rows, diagonal included)
+with the kernel sum_a exp(-|u - v|^2 / (2a)), a in BANDWIDTHS, a gradient-only term. It
+sends body, CPN and 0.5 (personal head) + 0.5 (global head), averaged by sample counts. The
+Gumbel noise g is drawn from each step's key (the first of its split), in evaluation from
+the client's evaluation key (MASK_KEY). Departures from PFLlib: docs/papers/flute.md.
 """
 
 import dataclasses

@@ -1,40 +1,17 @@
-"""FedRoD (Chen & Chao, ICLR 2022, "On Bridging Generic and Personalized Federated Learning
-for Image Classification"): a generic model trained with the balanced softmax and, at every
-client, a personal head on top of it.
+"""FedRoD (Chen & Chao, ICLR 2022): a generic model trained with the balanced softmax and,
+at every client, a personal head added to its logits (as PFLlib's clientrod.py runs it).
 
-The server keeps the generic model (body and generic head); every client keeps its own
-personal head ('personal/head/kernel', 'personal/head/bias'). A sampled client trains from
-the server's model and its personal head for `local_epochs`; at every minibatch, with
-h = body(x) [b, F], g = generic head(h) and p = personal head(h) (logits [b, C]),
-
-- body and generic head take a step on the balanced-softmax loss (Ren et al. 2020)
-  CE(g + log n, y), n [C] the client's class counts over its whole training set
-  (`balanced_cross_entropy`);
-- the personal head takes a step on CE(stop_gradient(g) + p(stop_gradient(h)), y).
-
-The server averages body and generic head weighted by sample counts (as FedAvg); clients
-are tested with g + p. Choices the paper leaves open, as PFLlib's clientrod.py and
-serverrod.py make them:
-
-- the personal head starts as the initial generic head (PFLlib deep-copies the initial
-  model's head), the same for every client;
-- the two steps of a minibatch use the same h and g (computed before either step), so
-  they are one optimiser step on gradient_only(balanced loss) + personal CE, whose terms
-  meet only through stop_gradient: the body and generic head get the balanced loss's
-  gradient alone, the personal head the personal CE's alone. The optimiser acts
-  parameter by parameter, so this is exactly two optimisers with the same settings;
-- the client sends its body and generic head; the personal head never leaves it;
-- the reported loss is the personalised model's cross-entropy CE(g + p, y), as PFLlib's
-  train_metrics reports (here the mean over the local minibatches, as every algorithm
-  reports, not a pass over the training set after training).
-
-Departures from PFLlib: its two optimisers are plain SGD at one learning rate; ours is
-`train.optimizer` (weight decay, momentum) for both, its momentum restarting every round
-(PFLlib keeps its optimisers across rounds, which matters only with momentum). PFLlib
-counts the classes over the batches of one shuffle with drop_last (so a few samples may be
-left out); here n counts all the client's training samples. With a linear head, g + p is
-the logits of one head whose kernel and bias are the sums of the two heads' (dropout is off
-at test time), which is what `eval_params` returns.
+The server keeps the generic model (body, generic head); every client keeps a personal
+head ('personal/head/kernel', 'personal/head/bias'), which starts as the initial generic
+head. A sampled client trains for `local_epochs`; on each minibatch, with h = body(x)
+[b, F], g = generic head(h) and p = personal head(h) (logits [b, C]), it takes one step on
+gradient_only(CE(g + log n, y)) + CE(stop_gradient(g) + p(stop_gradient(h)), y): body and
+generic head get the balanced-softmax loss's gradient alone (Ren et al. 2020; n [C] the
+client's class counts over its whole training set, `balanced_cross_entropy`), the personal
+head the personal CE's alone. It sends body and generic head; the server averages them by
+sample counts. Clients are tested with g + p, the logits of one head whose kernel and bias
+are the two heads' sums (`eval_params`). The reported loss is CE(g + p, y), the mean over
+the local minibatches. PFLlib's choices and the departures: docs/papers/flute.md.
 """
 
 import dataclasses

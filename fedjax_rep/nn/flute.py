@@ -1,41 +1,18 @@
 """General FLUTE (Liu, Shen, Yang 2024, Algorithm 2 with the loss of Eq. 10) and FLUTE*:
 shared body, personal heads pulled towards one neural-collapse pattern for all clients.
 
-A sampled client i trains from the server's body and its own head (H_i = 'head/kernel'
-[F, C], b_i = 'head/bias' [C]) on the minibatch loss of Eq. 10,
-
-  CE(H_i^T psi(x) + b_i, y) + l1 mean_x ||psi(x)||^2 + l2 ||H_i||_F^2 + l3 NC_i(H_i),
-
-with psi(x) [F] the body's output, the mean over the minibatch's real rows, NC_i =
-`neural_collapse.nc_term` on the classes of the client's training data (the bias is not
-penalised): first `local_epochs` epochs of body and head together, then `head_epochs`
-epochs of the head alone with the body frozen (FLUTE*; 0 for FLUTE), on the same loss less
-the feature term (it does not depend on the head). The penalties steer the gradient only
-(`train.gradient_only`): the reported loss is the cross-entropy of the joint epochs.
-
-The server averages the bodies weighted by sample counts (as FedRep), then takes one
-gradient step of size `flute_server_lr` w.r.t. the kernels H_i of the c clients that
-trained this round on R = (1/c) sum_i NC_i(H_i) (Alg. 2 line 22; the paper writes
-R = sum_i NC_i, the authors' code the mean, and its step 0.5 is for the mean); every other
-client's head is unchanged.
-
-Defaults, from the authors' code: l3 = flute_nc = 0.25, l2 = flute_head_norm = 0.0025,
-l1 = flute_feature_norm = 0.0005, flute_server_lr = 0.5. Schedules (Sec. 7.2): FLUTE
-trains body and head together for local_epochs (1 on CIFAR-10, 5 on CIFAR-100); FLUTE*
-adds head_epochs = 10 of the head alone. Departures from the authors' code: its feature
-penalty sums ||psi(x)||^2 over a minibatch (l1 times the batch size as a mean), here the
-mean of Eq. 10; its FLUTE* head epochs come before the joint ones, here after them, as
-Sec. 7.2 describes. Both are knobs (`conventions`): the traced option `feature_sum` (1:
-the sum over the minibatch's real rows) and the field `head_first` (FLUTE*'s head epochs
-first, then the joint ones from the same optimiser state: the head's momentum carries
-over, the body's starts at zero, as one PyTorch optimiser does for parameters that had no
-gradient yet). The paper states the mean and the joint epochs first, the engine's
-defaults. It says nothing of the rest, where the authors' code (`conventions`) starts an
-untrained client from the last cohort's averaged heads (average_untrained; here, by
-default, from the initial head), averages uniformly (uniform_average; here by counts) and
-does not decay biases (no_bias_decay; here every parameter decays). Not modelled: the
-authors' code evaluates before the server's NC step, and reports the loss with the
-penalties.
+A sampled client i trains the server's body and its head (H_i = 'head/kernel' [F, C],
+b_i = 'head/bias' [C]) on CE(H_i^T psi(x) + b_i, y) + l1 mean_x ||psi(x)||^2 +
+l2 ||H_i||_F^2 + l3 NC_i(H_i) (Eq. 10; psi(x) [F] the body's output, the mean over the
+minibatch's real rows, NC_i = `neural_collapse.nc_term` on the client's classes) for
+`local_epochs`, then (FLUTE*) its head alone for `head_epochs` without the feature term.
+The option `feature_sum` sums the feature term over the rows; the field `head_first` runs
+the head epochs first, one optimiser state throughout. The penalties steer the gradient
+only: the reported loss is the joint epochs' cross-entropy. The server averages the bodies
+by sample counts, then steps `flute_server_lr` on the kernels H_i of the c clients that
+trained, down R = (1/c) sum_i NC_i(H_i) (Alg. 2 line 22). Defaults (the authors'):
+l3 = flute_nc = 0.25, l2 = flute_head_norm = 0.0025, l1 = flute_feature_norm = 0.0005,
+flute_server_lr = 0.5. Departures from the authors' code: docs/papers/flute.md.
 """
 
 import dataclasses

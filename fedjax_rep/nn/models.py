@@ -1,21 +1,17 @@
 """Classifiers split into a shared `body` (feature extractor) and a linear `head`.
 
-Every model is a `Classifier`, so `params == {'body': {...}, 'head': {'kernel', 'bias'}}`
-and representation-learning methods (FedRep, FedAvg+FT, ...) can treat the two parts
-separately. Each body layer keeps its params directly under one name, and the names sort in
-network order (conv1, conv2, ..., fc1, fc2, ...; embed, lstm1, lstm2), so that
-`params.layers` lists the layers in order. The CIFAR, MLP and Sent140 LSTM architectures
-follow FedRep's authors' code.
+Every model is a `Classifier`: `params == {'body': {...}, 'head': {'kernel', 'bias'}}`.
+Each body layer keeps its params directly under one name, and the names sort in network
+order (conv1, conv2, ..., fc1, fc2, ...; embed, lstm1, lstm2), so `params.layers` lists the
+layers in order. The CIFAR, MLP and Sent140 LSTM architectures follow FedRep's authors'
+code.
 
-Precision (`make_model(..., precision=...)`, the recipes' `precision` setting): 'float32'
-(the default) computes everything in float32. 'bf16' is mixed precision through flax's
-`dtype` (the computation dtype; `param_dtype` stays float32): every layer casts its inputs
-and its float32 params to bfloat16, so the convs, matmuls, activations and pools of the
-forward pass -- and, by differentiation, of the backward pass -- run in bfloat16; the
-embedding is looked up in float32 and its rows cast; the LSTM's recurrent state (c, h) stays
-float32, as flax's LSTMCell keeps its carry in param_dtype. The Classifier's outputs
-(`features` and the logits) are cast back to float32, so the loss, the gradients with
-respect to the float32 params and the optimiser state are float32.
+Precision (`make_model(..., precision=...)`): 'float32' (the default) computes in float32;
+'bf16' is mixed precision through flax's `dtype` (`param_dtype` stays float32): every layer
+casts its inputs and params to bfloat16, so the forward and backward passes run in
+bfloat16, but the embedding is looked up in float32 (its rows cast) and the LSTM's carry
+(c, h) stays float32, as flax's LSTMCell keeps it. `features` and the logits are cast back
+to float32, so the loss, the gradients and the optimiser state are float32.
 """
 
 from collections.abc import Callable, Sequence

@@ -1,32 +1,18 @@
-"""Neural collapse of personal heads: FLUTE's NC regulariser and the NC2 metrics (Liu,
-Shen, Yang 2024: Eq. 10, App. B.3 and C.2).
+"""Neural collapse of heads: FLUTE's NC regulariser and NC2 metrics (Eq. 10, App. B.3, C.2).
 
-A head kernel H [F, C] (features x classes: the paper's H_i, logits H^T psi(x) + b) has the
-class Gram matrix G = H^T H [C, C]. For a client whose training data hold the classes
-u [C] (bool) and an ETF size s >= 2, the distance of G's direction to the simplex-ETF
-pattern of size s on those classes is
+A head kernel H [F, C] (the paper's H_i) has the class Gram matrix G = H^T H [C, C]; for a
+client whose training data hold the classes u [C] (bool) and an ETF size s >= 2,
 
   D_s(H, u) = || G / ||G||_F  -  (u u^T) o (I_C - 1_C 1_C^T / s) / sqrt(s - 1) ||_F
 
-(o: the elementwise product; the outer norm is not squared, as in the authors' code).
-
-- s = |u|: the pattern is the normalised Gram of a |u|-point simplex ETF on the client's
-  classes (pairwise cosines -1/(|u| - 1), unit Frobenius norm) with zero heads for the
-  other classes, the optimum of local training (Observation B.2): D is 0 there.
-- s = C (all classes): the C-class ETF's pattern restricted to the client's classes
-  (cosines -1/(C - 1)), the global optimum (Observation B.3). Its norm t is below 1 unless
-  u holds every class, so D_C >= 1 - t > 0 (0.57 for 2 of 10 classes), with equality at
-  the heads in that pattern (own classes at the C-class ETF's angles, the others 0).
-
-What is computed:
-- `nc_term` = NC_i(H_i) = D_C(H_i, u_i): FLUTE's regulariser (Eq. 10; s = C, as in the
-  authors' code) and the terms of the server's R = sum_i NC_i(H_i).
-- Global NC2 = mean over all clients of D_C(H_i, u_i) (App. C.2).
-- Averaged Local NC2 = mean over the clients with |u_i| >= 2 of D_{|u_i|}(H_i, u_i) (App.
-  C.2; the authors' code uses s = the classes per client of its partition, which is |u_i|
-  there; a one-class client has no ETF and is left out, 0 if none has two classes).
-Norms are clamped away from 0 (`_norm`), so that a zero head or an exact ETF has a zero
-(sub)gradient, not NaN.
+(o elementwise; the outer norm not squared) is the distance to the s-class simplex ETF's
+pattern on u (cosines -1/(s - 1)). D_|u| is 0 at a |u|-point ETF on u with zero heads for
+the other classes, local training's optimum (Observation B.2); unless u holds every class,
+D_C >= 1 - t > 0, t the pattern's norm (1 - t = 0.57 for 2 of 10), with equality at heads
+in that pattern, the global optimum (Observation B.3). `nc_term` = NC_i = D_C(H_i, u_i)
+(Eq. 10); Global NC2 = its mean over all clients; Averaged Local NC2 = the mean of
+D_|u_i|(H_i, u_i) over the clients with |u_i| >= 2, 0 if none (App. C.2). Norms are clamped
+away from 0 (`_norm`): a zero head or an exact ETF has a zero (sub)gradient, not NaN.
 """
 
 import jax

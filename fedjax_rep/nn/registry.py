@@ -41,10 +41,21 @@ CLASSES: dict[str, type] = {}  # the class registered under each name
 
 
 def register(name: str, summary: str, cls, **fixed) -> registry.Entry:
-  """Registers the neural algorithm class `cls` (a `Personalized` subclass) as `name`: built
-  by `make_algorithm(name, ...)` with the structure fields `cls` has, then `fixed`, and
-  listed by `fedjax-rep list` with its one-line `summary`; its declared options
+  """Registers the neural algorithm class `cls` as `name`.
+
+  `make_algorithm(name, ...)` then builds it with the structure fields `cls` has, then
+  `fixed`; `fedjax-rep list` lists it with its `summary`; its declared options
   (`hparams.declared`) become options `fr.nn_hparams` and the recipes' --set accept.
+
+  Args:
+    name: the name it is built and listed by.
+    summary: its one-line description.
+    cls: a `Personalized` subclass.
+    **fixed: structure fields set for this name (e.g. head_epochs=0), over
+      `make_algorithm`'s.
+
+  Returns:
+    Its `core.registry.Entry`.
 
   Raises:
     ValueError: `name` is registered already, unless by the same class defined again

@@ -1,19 +1,16 @@
 """digits-personalized: personalised FL on real data that ships offline (the default
 neural demo): FedRep vs FedPer vs LG-FedAvg vs FedAvg vs FedAvg-FT vs local only.
 
-Data: scikit-learn's digits (1,797 8x8 images, 10 classes), 25% of each class held out
-for testing, split over 50 clients with 2 class shards each (FedRep's shard scheme,
-`partition.classes`: random class pairs, a client may draw one class twice; each client's
-test samples come from its own classes; `partition=dirichlet|iid` for the others). Our
-choices, in the spirit of FedRep's CIFAR setting (Section 5.2: r = 0.1, 10 head epochs +
-1 body epoch, SGD with momentum 0.5, weight decay 1e-4, batch 10):
-the small MLP 64-64-32 + head (`model=digits-cnn` for a CNN), lr 0.05 (0.01 learns
-slowly on 8x8 inputs), 100 rounds. FedAvg-FT fine-tunes the head for `head_epochs`
-epochs before each evaluation; local only trains a client whenever it is sampled, so it
-sees as many epochs as the federated clients. Accuracy is the mean over clients of each
-client's test accuracy with its own parameters, every `eval_every` rounds; the summary is
-the mean over the last 10 evaluations. `--set algorithms=...` takes any neural algorithm
-of the registry (`fedjax-rep list`), with its options' defaults.
+Data: scikit-learn's digits (1,797 8x8 images, 10 classes), 25% of each class held out for
+testing, over 50 clients with 2 class shards each (FedRep's shard scheme,
+`partition.classes`; `partition=dirichlet|iid` for the others). FedRep's CIFAR schedule
+(Section 5.2: r = 0.1, 10 head epochs + 1 body epoch, SGD with momentum 0.5, weight decay
+1e-4, batch 10) with the MLP 64-64-32 + head (`model=digits-cnn` for a CNN), lr 0.05, 100
+rounds. FedAvg-FT fine-tunes the head for `head_epochs` epochs before each evaluation;
+local only trains a client whenever it is sampled. Accuracy is the mean over clients of
+each client's test accuracy with its own parameters, every `eval_every` rounds; the
+summary is the mean of the last 10 evaluations. `--set algorithms=...` takes any neural
+algorithm of the registry (`fedjax-rep list`), with its options' defaults.
 """
 
 import dataclasses

@@ -2,30 +2,17 @@
 classes, where D-SGD's do not? (FedAvg-FT paper, Section 5.2, Figs. 4 and 5 left), on
 scikit-learn's digits (offline).
 
-Training: the digits of the first 10 - u classes (the last u = `unseen_classes` are held
-out) are split over n clients by Dir(0.6) label proportions (as the paper's CIFAR-10
-partition); FedAvg with tau local SGD steps per round (`FedAvgSteps`, T rounds) vs D-SGD
-(one step per round, FedAvg with tau = 1) for tau T rounds, so both make the same number
-of local updates (the paper's fairness rule). Each client is tested on its own test
-samples (seen classes) with the global model.
-
-Representation (Fig. 4): the class-by-class mean cosine similarity of the final body's
-features on the digits test split, all 10 classes (`representation`), and its gap (mean
-diagonal minus mean off-diagonal) within the seen and within the unseen classes.
-
-New clients (Fig. 5 left): per seed, `new_clients` clients each get k training samples of
-every unseen class (a larger k extends a smaller one's samples), fit a head from zero on
-the frozen final body (`finetune_epochs` epochs of SGD, `Personalized.new_clients`), and
-are tested on the unseen classes' test samples; accuracy vs k.
-
-Our choices (the paper trains a 6-conv CNN on CIFAR with tau = 50; its training details
-are not in our copy): the MLP 64-64-32, batch 10, lr 0.05, plain SGD (momentum 0: D-SGD's
-optimiser restarts at every step, so momentum would only help FedAvg), tau = 20 (about
-five epochs of a client's data), r = 0.2 of n = 30 clients, 100 FedAvg rounds; the
-unseen classes are 8 and 9; 50 fine-tuning epochs (the paper's 10 leave a head from zero
-unfitted at small k -- 10 steps at k = 1 -- and the accuracy then tracks the number of
-steps more than the features). Both algorithms' final models are analysed by one program
-(stacked along an algorithm axis: they have the same structure).
+Training: the digits of the first 10 - u classes (u = `unseen_classes` held out) over n
+clients by Dir(0.6) label proportions; FedAvg with tau local SGD steps per round
+(`FedAvgSteps`, T rounds) vs D-SGD (tau = 1) for tau T rounds: the same number of local
+updates. Each client is tested on its own (seen-class) test samples with the global model.
+Fig. 4: the class-by-class mean cosine similarity of the final body's features on the test
+split, all 10 classes (`representation`), and its gap (mean diagonal minus mean
+off-diagonal) within the seen and within the unseen classes. Fig. 5 left: per seed,
+`new_clients` clients get k training samples of every unseen class (a larger k extends a
+smaller one's), fit a head from zero on the frozen final body (`finetune_epochs` of SGD)
+and are tested on the unseen classes; accuracy vs k. Both final models are analysed by one
+program (an algorithm axis). Choices: docs/papers/fedavg_ft.md.
 """
 
 import dataclasses

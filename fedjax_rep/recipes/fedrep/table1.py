@@ -2,21 +2,15 @@
 real data, every algorithm of the table, the paper's number beside the measured one.
 
 - CIFAR-10 (n, S) in (100, 2), (100, 5), (1000, 2) and CIFAR-100 (100, 5), (100, 20):
-  tensorflow-datasets files; each client holds S class shards (FedRep's shard scheme,
-  `partition.classes`: S random labels, a class possibly twice) with 50,000/n training
-  samples, its test samples from the same labels; FedRep's CNNs.
-- FEMNIST: LEAF's files, restricted to 10 letters (A-J), pooled and re-split over n = 150
-  clients with S = 3 letters each and log-normal sizes (size_sigma 0.5; the paper gives
-  no sigma), 148 training samples per client on average; the MLP; 200 rounds.
-- Sent140: LEAF's files, its users as clients (n = 183), tweets as padded token ids
-  (25 tokens, the 10,000 most frequent words of the clients' training tweets); the LSTM,
-  with GloVe embeddings where the file is present (`fedjax-rep data` says where); 50 rounds.
-
-With source=files (the default) the files must be prepared: a missing dataset stops the
-run before any work with the one-line command that prepares it. --quick runs on random
-mock data in the same formats (tfds.testing.mock_data, small LEAF files written to a
-temporary directory) with a few algorithms, so every code path is exercised offline; its
-accuracies mean nothing.
+  tfds files; each client holds S class shards (`partition.classes`) with 50,000/n
+  training samples, its test samples from the same labels; FedRep's CNNs.
+- FEMNIST: LEAF's files, letters A-J, re-split over n = 150 clients with S = 3 letters
+  each and log-normal sizes (`size_sigma` 0.5); the MLP; 200 rounds.
+- Sent140: LEAF's users as clients (n = 183), tweets as 25 padded token ids (a vocabulary
+  of 10,000 words); the LSTM, with GloVe embeddings where the file is present; 50 rounds.
+With source=files (the default) a missing dataset stops the run before any work with the
+command that prepares it. --quick runs a few algorithms on random mock data in the same
+formats, offline; its accuracies mean nothing.
 """
 
 import dataclasses

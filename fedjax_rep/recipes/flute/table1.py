@@ -3,22 +3,15 @@ and FLUTE* against FedRep, FedRep*, FedRoD, FedCP, FedPer, LG-FedAvg, FedAvg and
 (and FedBABU, not in the paper), test accuracy and the neural-collapse metrics (Global
 NC2, Averaged Local NC2) of FLUTE's App. C.2.
 
-Partitions (M clients, m class shards each: FedRep's scheme, which FLUTE's code reuses,
-`partition.classes`): CIFAR-10 (50, 2), (50, 5), (100, 2), (100, 5) and CIFAR-100 (100,
-5), (100, 10), (100, 20), (100, 40) from the tensorflow-datasets files
-(`dataset=cifar10|cifar100`; a missing dataset stops the run before any work with the
-command that prepares it), FedRep's CNNs. FedRep's schedule otherwise (r = 0.1, SGD lr
-0.01, momentum 0.5, weight decay 1e-4, batch 10, 100 rounds).
-Epochs as FLUTE's Sec. 7.2 on CIFAR-10: FedRep 1 head + 1 body epoch (`head_epochs`,
-`local_epochs`), FedRep* 10 head + 1 body, FLUTE 1 joint epoch, FLUTE* 1 joint + 10 head
-(on CIFAR-100 the paper uses 5 where CIFAR-10 has 1: `--set local_epochs=5
---set head_epochs=5`, and `--set num_clients=100,100,100,100 --set
-classes_per_client=5,10,20,40` for its partitions); FedPer, LG-FedAvg and FedAvg
-`local_epochs`, as do FedRoD, FedCP and FedBABU's body; FedAvg-FT fine-tunes the head
-and FedBABU the whole model for `head_epochs` before testing.
-`--quick` runs on scikit-learn's digits (offline): 20 clients with 2 and 5 classes each,
-the algorithms of FLUTE's Table 1 (FedBABU only with `--set algorithms=...`).
-table1.csv has FLUTE's Table 1 number beside the measured one where the paper has it.
+Partitions (M clients, m class shards each, `partition.classes`): CIFAR-10 (50, 2),
+(50, 5), (100, 2), (100, 5) and CIFAR-100 (100, 5), (100, 10), (100, 20), (100, 40), from
+the tfds files (`dataset=cifar10|cifar100`); FedRep's CNNs and schedule (r = 0.1, SGD lr
+0.01, momentum 0.5, weight decay 1e-4, batch 10, 100 rounds). Epochs as FLUTE's Sec. 7.2
+on CIFAR-10: FedRep 1 head + 1 body epoch, FedRep* 10 + 1, FLUTE 1 joint epoch, FLUTE*
+1 joint + 10 head; the others `local_epochs`; FedAvg-FT fine-tunes the head and FedBABU
+the whole model for `head_epochs` before testing. `--quick`: scikit-learn's digits, 20
+clients with 2 and 5 classes each (FedBABU only with `--set algorithms=...`). table1.csv
+has FLUTE's Table 1 number beside the measured one where the paper has it.
 """
 
 import dataclasses

@@ -3,23 +3,15 @@
 Linear SRPFL (Algorithm 2): FedRep with method-of-moments init, m fresh samples per client
 per round, exact heads, one GD step on B, server average, QR. All M = N clients are
 sampled every round; SRPFL keeps the fastest n_r of them (doubling from n0), FedRep waits
-for all N, `fastest-n` keeps the fastest n0 every round. The wall clock is simulated
-inside every round (slowest kept client's time + C). Algorithms and C are hyperparameters
-of one `Timed` program, so a panel (N, speed model) is one vmapped run.
-
-Target distance (Eq. 11): eps = c_hat x the accuracy reachable with all N clients. The
-paper's eps uses its bound's noise floor; we measure the floor instead: the mean principal
-angle of FedRep (all N clients) over its last `floor_rounds` rounds, per seed. A run
-reaches eps at the first round where its principal angle, averaged over the last
-`smooth_rounds` rounds, is <= eps (near the floor single rounds fluctuate by ~20%).
-
-Rounds per SRPFL stage: `schedule=fixed` runs `stage_rounds` per stage (the authors' code
-doubles every 10 rounds); `schedule=theorem` uses Theorem 4.5's switching rule
-(`hetero.schedule.theorem_stage_rounds`) with its constants calibrated on a pilot run of
-FedRep (one extra pass): the contraction a = 1 - rho^2 from the geometric decay of FedRep's
-mean angle down to 3 x its floor, dist0 its angle after round 1, and the stage floors
-F_r = F_N sqrt(N / n_r) from its measured floor F_N. (The bound's own constants give a
-floor above dist0, and zero rounds for the early stages.)
+for all N, `fastest-n` keeps the fastest n0 every round. The clock is simulated inside
+every round (slowest kept client's time + C); algorithms and C are hyperparameters of one
+`Timed` program, so a panel (N, speed model) is one vmapped run. Target (Eq. 11):
+eps = c_hat x FedRep's measured floor (its mean principal angle over its last
+`floor_rounds` rounds, per seed); a run reaches eps at the first round where its angle,
+averaged over the last `smooth_rounds` rounds, is <= eps. Rounds per stage:
+`schedule=fixed` runs `stage_rounds` per stage; `schedule=theorem` uses Theorem 4.5's rule
+(`hetero.schedule.theorem_stage_rounds`) with its constants calibrated on a pilot FedRep
+run (docs/papers/srpfl.md).
 """
 
 import dataclasses

@@ -1,41 +1,18 @@
 """srpfl-neural: test accuracy vs simulated wall-clock time of SRPFL on neural networks
 (SRPFL Section 5 and Appendix C): FedRep, LG-FedAvg and FedAvg(+FT) with SRPFL's doubling
-participation (SRPFL, LG-SRPFL, FLANP(+FT)) and without it (every round waits for all N
-sampled clients), fixed and dynamic client speeds, communication cost C in {0, 10, 100},
-full and 20% participation.
+participation (SRPFL, LG-SRPFL, FLANP(+FT)) and without it, fixed and dynamic client
+speeds, communication cost C in {0, 10, 100}, full and 20% participation.
 
-Runs (`hetero.timed.EvaluatedTimed` around the neural algorithms): every round samples
-N = participation x M clients and keeps the fastest n_t of them; the others are masked
-out, so a run compiles once across stages. SRPFL (Algorithm 1) keeps n0, 2 n0, ..., N for
-`stage_rounds` rounds each (n0 = n0_fraction x N; the authors' code: 10 of N = 100, 10
-rounds each); FLANP is the same doubling on FedAvg; the baselines keep all N. Accuracy:
-the mean over the M clients of each client's test accuracy with its own parameters
-(FedRep: the shared body and its personal head; LG-FedAvg: its personal body and the
-global head) or, for "+FT", with the global model's head fine-tuned for head_epochs on
-its training data (FedAvg-FT's evaluation).
-
-Clock: a round lasts the largest time per round of its kept clients, plus C. A client's
-time per round is its speed draw (fixed: Exp(1) once per client; dynamic: Exp(lambda_i)
-every round, lambda_i ~ U[1/M, 1]): its whole local work of a round takes one unit at
-speed 1 (local_updates = 1), as on the paper's time axis, where C = 10 is ten mean rounds
-of compute. Clients hold (near-)equal data (the paper partitions equally), so counting
-SGD steps would only rescale every round, and so C, by one constant. C changes nothing in
-training (who is kept depends on compute times only), so each run is simulated once and
-its clock with cost C is wall_clock + C t, what `Timed` with comm_cost C gives: one
-program per (algorithm, speed model, participation) runs both schedules and every seed.
-
-Target: target_fraction x FedRep's final accuracy (the mean of its last 10 evaluations),
-per seed and setting; time_to_target is the wall clock of the first evaluation at or
-above it (NaN where never reached). FedRep always runs: it sets the target.
-
-Datasets (`dataset`): digits (offline; the default and --quick: M = 50 clients with
-S = 5 classes each, the analogue of the paper's S = 5, digits-mlp, lr 0.05) and, where
-their files are present, the paper's CIFAR-10 (S = 5, cifar10-cnn), CIFAR-100 (S = 20,
-cifar100-cnn), EMNIST (balanced, its first 10 classes, S = 5, mlp) and FEMNIST (10
-letters, 150 samples per client, S = 3, mlp), with M = 100, lr 0.01, batch 10, 1 local
-epoch on CIFAR-10 and 5 on the others (Appendix C); no data augmentation. The fields
-that default to 0 take the dataset's values. --quick: digits, 60 rounds, 5 rounds per
-stage, full participation, every algorithm but plain FedAvg and FLANP.
+Every round samples N = participation x M clients and keeps the fastest n_t, the others
+masked (`hetero.timed.EvaluatedTimed`): n0 = n0_fraction x N, doubling every `stage_rounds`
+(the baselines keep all N). A client's time per round is its speed draw (fixed: Exp(1) once
+per client; dynamic: Exp(lambda_i) every round, lambda_i ~ U[1/M, 1]); a round lasts its
+kept clients' largest, plus C, which changes no training, so each run is simulated once and
+its clock for C is wall_clock + C t. Accuracy: the mean over the M clients of each client's
+test accuracy with its own parameters (+FT: the global model, its head fine-tuned for
+head_epochs). time_to_target: the first evaluation at or above target_fraction x FedRep's
+final accuracy (FedRep always runs). Datasets: digits (the default, offline), CIFAR-10/100,
+EMNIST and FEMNIST with their files; the fields that default to 0 take the dataset's values.
 """
 
 import dataclasses
