@@ -137,8 +137,9 @@ def get(name: str) -> Recipe:
 
 
 def resolve(name: str, *, quick: bool = False, overrides=()):
-  """The validated configuration of recipe `name`: its defaults, then `quick`'s settings,
-  then `overrides`.
+  """The validated configuration of recipe `name`.
+
+  Its defaults, then the recipe's --quick settings (`quick`), then `overrides`.
 
   Args:
     name: a recipe's name (`fedjax-rep list`).

@@ -105,8 +105,10 @@ def _figure_config(config, grid):
 
 def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(), grid=(),
         progress: bool = True) -> tuple[list[dict], object]:
-  """Runs recipe `name` in memory over every combination of `grid` (see `_sweep`); writes
-  no files, and prints one line on stderr per diverged run (`diverged_lines`) at the end.
+  """Runs recipe `name` in memory over every combination of `grid`.
+
+  Each combination as `_sweep` runs it; writes no files, and prints one line on stderr per
+  diverged run (`diverged_lines`) at the end.
 
   Args:
     name: a recipe's name (`fedjax-rep list`).
@@ -147,9 +149,10 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
                checkpoint_rounds: int | None = None,
                checkpoint_seconds: float | None = checkpoint.DEFAULT_SECONDS,
                plugins=()) -> str:
-  """Runs recipe `name` over every combination of `grid` (as `run`) into a run directory:
-  metrics.csv, config.json (the grid, the code's revision, the plugins), NAME.png, and the
-  recipe's summary table (e.g. table1.csv) where it has one.
+  """Runs recipe `name` over every combination of `grid` into a run directory.
+
+  It writes metrics.csv, config.json (the grid, the code's revision, the plugins),
+  NAME.png, and the recipe's summary table (e.g. table1.csv) where it has one.
 
   Finished units are saved under out/parts and a unit's runs checkpoint as they go, so
   running again with the same `out`, configuration and grid (e.g. `replay(out/config.json)`)
