@@ -45,3 +45,47 @@ def test_python_block_runs_as_written(where, code, tmp_path):
     codes = job.wait(timeout=600)
     for i, returncode in enumerate(codes):
       assert returncode == 0, f"{where} (process {i} of {processes}) failed:\n{job.log(i)}"
+
+
+DATE_OR_HASH = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+
+
+def test_benchmarks_page_is_reference():
+  """docs/benchmarks.md: at most 250 lines, dates and commit hashes only on the one
+  "Measured on" line above each table."""
+  lines = (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+  assert len(lines) <= 250
+  assert [line for line in lines if DATE_OR_HASH.search(line)
+          and not line.startswith("Measured on")] == []
+
+
+def test_module_docstrings_say_what_the_module_computes_in_at_most_15_lines():
+  """The story of a module (how it departs from the authors' code) lives in docs/papers;
+  a package's __init__.py overview aside."""
+  import ast
+  long = {}
+  for path in sorted((ROOT / "fedjax_rep").rglob("*.py")):
+    doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+    if doc and path.name != "__init__.py" and len(doc.splitlines()) > 15:
+      long[str(path.relative_to(ROOT))] = len(doc.splitlines())
+  assert long == {}
+
+
+def test_every_fr_function_has_a_summary_line_args_and_returns():
+  import inspect
+
+  import fedjax_rep as fr
+  missing = []
+  for name in dir(fr):
+    function = getattr(fr, name)
+    if name.startswith("_") or not inspect.isfunction(function):
+      continue
+    doc = function.__doc__ or ""
+    lines = doc.splitlines()
+    summary = bool(lines) and lines[0].strip().endswith(".") and (
+        len(lines) == 1 or not lines[1].strip())
+    args = "Args:" in doc or not inspect.signature(function).parameters
+    returns = "Returns:" in doc or "Yields:" in doc
+    if not (summary and args and returns):
+      missing.append(name)
+  assert missing == []
