@@ -11,9 +11,13 @@ elementwise, so the bits are the same as JAX's; only the compiled program differ
 
 This replaces, for the whole process, how JAX lowers one of its primitives on the CPU: it is
 an explicit opt-in (`fedjax-rep run --flat-threefry`, `fr.use_flat_threefry()`), recorded
-in a run's config.json as code.threefry. It applies to programs lowered after the call
-(programs already compiled, in memory or in the persistent cache, stay as they were).
-Other platforms keep JAX's lowering. Measurements: docs/benchmarks.md.
+in a run's config.json as code.threefry and code.threefry_scope. It applies to every
+program lowered after the call, of any run or none (programs already compiled, in memory
+or in the persistent cache, stay as they were). It is not scoped to some programs: JAX's
+public API registers a lowering for the process, and its caches of traced and compiled
+programs do not key on a flag of ours, so a program compiled under one lowering would be
+reused under the other. Other platforms keep JAX's lowering. Measurements:
+docs/benchmarks.md.
 """
 
 import numpy as np
@@ -82,9 +86,21 @@ def _lowering(ctx, *operands):
 
 
 def use_flat(on: bool = True) -> None:
-  """Lowers `threefry2x32_p` on the CPU as `_flat_hash` (on) or as `hash_2x32` on the
-  operands' own shape, the structure of JAX's own CPU lowering (off), in programs lowered
-  from now on. The first call registers the lowering for the rest of the process."""
+  """Sets how the whole process lowers JAX's Threefry hash on the CPU from now on.
+
+  With `on`, `threefry2x32_p` is lowered as `_flat_hash` (its operands flattened to one
+  axis); without, as `hash_2x32` on the operands' own shape, the structure of JAX's own CPU
+  lowering. Process-wide: it applies to every program this process lowers for the CPU
+  afterwards, of any run, not to the caller's alone, and not to programs already compiled
+  (in memory or in the persistent cache). The first call with `on` registers the lowering
+  with JAX for the rest of the process. The bits drawn are the same either way.
+
+  Args:
+    on: whether to lower the hash on one flat axis.
+
+  Returns:
+    None.
+  """
   global _flat, _registered
   _flat = bool(on)
   if _flat and not _registered:
@@ -93,5 +109,5 @@ def use_flat(on: bool = True) -> None:
 
 
 def flat() -> bool:
-  """Whether programs lowered now hash on a flat axis on the CPU (`use_flat`)."""
+  """Whether programs this process lowers now hash on a flat axis on the CPU (`use_flat`)."""
   return _flat
