@@ -103,9 +103,10 @@ def _parser() -> argparse.ArgumentParser:
                    "in $FEDJAX_REP_CACHE if set, else in $XDG_CACHE_HOME/fedjax_rep/jax, "
                    "$XDG_CACHE_HOME defaulting to ~/.cache)")
   run.add_argument("--flat-threefry", action="store_true",
-                   help="opt-in: lower JAX's random-number hash on one flat axis on the CPU "
-                   "(the same numbers, shorter compiling; recorded in config.json as "
-                   "code.threefry; fedjax_rep/core/threefry.py)")
+                   help="opt-in: lower JAX's random-number hash on one flat axis on the CPU, "
+                   "for every program this process compiles (the same numbers, shorter "
+                   "compiling; recorded in config.json as code.threefry and "
+                   "code.threefry_scope; fedjax_rep/core/threefry.py)")
   return parser
 
 
@@ -192,7 +193,7 @@ def main(argv=None) -> int:
           overwrite=args.overwrite,
           checkpoint_rounds=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
   except (cfg.ConfigError, outputs.OutputError, DataMissing, compile_cache.CacheError,
-          distributed.JobError) as error:
+          distributed.JobError, checkpoint.IdentityError) as error:
     print(f"fedjax-rep: error: {error}", file=sys.stderr)
     return 2
   except files.WriteError as error:

@@ -263,6 +263,53 @@ def test_the_job_the_environment_names(environ, expected):
     assert distributed.job_environment(environ) == expected
 
 
+JOB = {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1", "NUM_PROCESSES": "2", "PROCESS_ID": "1"}
+
+
+def joined(monkeypatch) -> list:
+  """The keywords of every `jax.distributed.initialize` call from now on (none is made)."""
+  import jax
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **keywords: calls.append(keywords))
+  monkeypatch.setattr(jax.config, "update", lambda name, value: None)
+  return calls
+
+
+def test_the_heartbeat_is_read_when_a_job_is_joined(monkeypatch):
+  """FEDJAX_REP_HEARTBEAT_SECONDS set after fedjax_rep is imported is the one the job gets;
+  unset, the default."""
+  from fedjax_rep.core import distributed
+  calls = joined(monkeypatch)
+  for name, value in JOB.items():
+    monkeypatch.setenv(name, value)
+  monkeypatch.setenv("FEDJAX_REP_HEARTBEAT_SECONDS", "7")
+  assert distributed.join()
+  monkeypatch.delenv("FEDJAX_REP_HEARTBEAT_SECONDS")
+  assert distributed.join()
+  assert [call["heartbeat_timeout_seconds"] for call in calls] == [
+      7, distributed.DEFAULT_HEARTBEAT_SECONDS]
+  assert calls[0]["process_id"] == 1 and calls[0]["num_processes"] == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "2.5", "ten"])
+def test_a_bad_heartbeat_fails_in_one_line_before_any_work(
+    monkeypatch, capsys, tmp_path, compiles, value):
+  from fedjax_rep.core import distributed
+  calls = joined(monkeypatch)
+  for name, job_value in JOB.items():
+    monkeypatch.setenv(name, job_value)
+  monkeypatch.setenv("FEDJAX_REP_HEARTBEAT_SECONDS", value)
+  expected = (f"FEDJAX_REP_HEARTBEAT_SECONDS='{value}' must be an integer >= 1 (the seconds "
+              f"of silence after which a process of a job counts as dead); set it to e.g. 30, "
+              f"or unset it for the default 30")
+  with pytest.raises(distributed.JobError) as refused:
+    distributed.join()
+  assert str(refused.value) == expected
+  assert cli.main(["run", "fedrep-fig3", "--quick", "--out", str(tmp_path / "out")]) == 2
+  assert capsys.readouterr().err == f"fedjax-rep: error: {expected}\n"
+  assert calls == [] and compiles.count == 0 and not (tmp_path / "out").exists()
+
+
 def test_a_partial_job_environment_fails_in_one_line(monkeypatch, capsys, tmp_path, compiles):
   monkeypatch.setenv("NUM_PROCESSES", "2")
   assert cli.main(["run", "fedrep-fig3", "--quick", "--out", str(tmp_path / "out")]) == 2

@@ -24,7 +24,8 @@ from fedjax_rep.recipes import runner
 from test_resume import SMALL, metrics_text, run_cli, wait_for_checkpoint
 
 ARGS = [*SMALL, "--set", "rounds=6", "--no-progress"]
-CHECKPOINTS = "parts/n10-20.ckpt/run0"  # the checkpoints of SMALL's one unit
+# The checkpoints of SMALL's one unit (a glob): its run's, named by what it computes.
+CHECKPOINTS = "parts/n10-20.ckpt/fedrep-" + "[0-9a-f]" * 12
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,12 @@ def snapshot(out, skip: str | None = None) -> dict:
       with open(path, "rb") as f:
         files[path] = (f.read(), os.stat(path).st_mtime_ns)
   return files
+
+
+def checkpoints(out) -> str:
+  """The directory of the checkpoints of SMALL's one unit in `out` (CHECKPOINTS)."""
+  (path,) = glob.glob(os.path.join(out, CHECKPOINTS))
+  return path
 
 
 def one_line(text: str) -> str:
@@ -79,7 +86,7 @@ def stop_after_round(out, rounds, monkeypatch, capfd) -> None:
   assert cli.main(["run", *ARGS, "--out", out, "--checkpoint-every", "1"]) == 143
   monkeypatch.undo()
   capfd.readouterr()
-  assert os.listdir(os.path.join(out, CHECKPOINTS)) == [str(rounds)]
+  assert os.listdir(checkpoints(out)) == [str(rounds)]
 
 
 def test_a_directory_in_use_is_refused_naming_its_holder_until_a_sigkill_frees_it(
@@ -195,9 +202,9 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_the_one_before(
   monkeypatch.setattr(ocp.handlers.JsonCheckpointHandler, "_save_fn", full_disk)
   assert cli.main(["run", *ARGS, "--out", out, "--checkpoint-every", "1"]) == cli.WRITE_FAILED
   assert one_line(capfd.readouterr().err).startswith(
-      f"fedjax-rep: error: cannot write {out}/{CHECKPOINTS}/2 (No space left on device); ")
+      f"fedjax-rep: error: cannot write {checkpoints(out)}/2 (No space left on device); ")
   assert not os.path.exists(os.path.join(out, "metrics.csv"))
-  assert sorted(os.listdir(os.path.join(out, CHECKPOINTS))) == ["1", "2.orbax-checkpoint-tmp"]
+  assert sorted(os.listdir(checkpoints(out))) == ["1", "2.orbax-checkpoint-tmp"]
   monkeypatch.undo()
   steps = restored_steps(monkeypatch)
   assert cli.main(["run", "--resume", out, "--no-progress"]) == 0
@@ -258,7 +265,7 @@ def test_a_damaged_checkpoint_is_named_and_the_unit_runs_again(
     tmp_path, capfd, monkeypatch, reference, how):
   out = str(tmp_path / "run")
   stop_after_round(out, 3, monkeypatch, capfd)
-  step = os.path.join(out, CHECKPOINTS, "3")
+  step = os.path.join(checkpoints(out), "3")
   damage(step, how)
   steps = restored_steps(monkeypatch)
   assert cli.main(["run", "--resume", out, "--no-progress"]) == 0
@@ -266,6 +273,30 @@ def test_a_damaged_checkpoint_is_named_and_the_unit_runs_again(
   line = one_line(capfd.readouterr().err)
   assert line.startswith(f"fedjax-rep: checkpoint {step} cannot be read (")
   assert line.endswith("): deleted; going on from the start of its run")
+  assert metrics_text(out) == reference
+
+
+def test_a_checkpoint_that_records_another_run_is_refused_in_one_line(
+    tmp_path, capfd, monkeypatch, reference):
+  """A checkpoint whose recorded identity is not the one its run computes (here its rounds
+  edited): --resume exits 2 with one line naming it and what differs, and keeps it; once it
+  is deleted, as the line says, the run ends as one never stopped."""
+  out = str(tmp_path / "run")
+  stop_after_round(out, 2, monkeypatch, capfd)
+  directory = checkpoints(out)
+  meta = os.path.join(directory, "2", "meta", "metadata")
+  with open(meta) as f:
+    text = f.read()
+  with open(meta, "w") as f:
+    f.write(text.replace('"rounds": [0, 6]', '"rounds": [0, 7]'))
+  assert cli.main(["run", "--resume", out, "--no-progress"]) == 2
+  assert one_line(capfd.readouterr().err) == (
+      f"fedjax-rep: error: checkpoint {directory}/2 holds another run (its rounds differ from "
+      f"this call's): delete {directory} to run this call from its start, or start the whole "
+      f"run over (--overwrite)")
+  assert os.listdir(directory) == ["2"]
+  shutil.rmtree(directory)
+  assert cli.main(["run", "--resume", out, "--no-progress"]) == 0
   assert metrics_text(out) == reference
 
 
@@ -328,7 +359,7 @@ def test_sigkill_in_the_middle_of_a_checkpoint_save_then_resume_is_byte_identica
   time.sleep(0.5)
   process.kill()
   process.communicate()
-  assert sorted(os.listdir(os.path.join(out, CHECKPOINTS))) == ["1", "2.orbax-checkpoint-tmp"]
+  assert sorted(os.listdir(checkpoints(out))) == ["1", "2.orbax-checkpoint-tmp"]
   steps = restored_steps(monkeypatch)
   assert cli.main(["run", "--resume", out, "--no-progress"]) == 0
   assert steps == [(1, ["1"])]  # the half-written round 2 deleted

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,7 +57,9 @@ def test_a_run_stopped_and_resumed_from_its_checkpoint_equals_an_uninterrupted_o
   with checkpoint.scope(str(tmp_path), every_rounds=None, every_seconds=None):
     with pytest.raises(checkpoint.Interrupted, match="SIGTERM at round 10 of 60"):
       fr.run(algorithm, data, hparams, keys, 60, **sweep)
-  assert os.listdir(tmp_path / "run0") == ["10"]
+  (slot,) = os.listdir(tmp_path)  # named by what the run computes
+  assert re.fullmatch(r"fedavg-[0-9a-f]{12}", slot)
+  assert os.listdir(tmp_path / slot) == ["10"]
   monkeypatch.undo()
   with checkpoint.scope(str(tmp_path), every_rounds=20):
     resumed = fr.run(algorithm, data, hparams, keys, 60, **sweep)
@@ -65,7 +68,104 @@ def test_a_run_stopped_and_resumed_from_its_checkpoint_equals_an_uninterrupted_o
   np.testing.assert_array_equal(resumed.diverged, whole.diverged)
   for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(whole.state)):
     np.testing.assert_array_equal(a, b)
-  assert os.listdir(tmp_path / "run0") == ["40"]  # the latest kept, none at the last round
+  assert os.listdir(tmp_path / slot) == ["40"]  # the latest kept, none at the last round
+
+
+def restored_steps(monkeypatch) -> list:
+  """(checkpoint directory's name, round restored or None) of every restore from now on."""
+  steps, restore = [], checkpoint.Slot.restore
+
+  def record(self, carry_like):
+    restored = restore(self, carry_like)
+    steps.append((os.path.basename(self.directory), None if restored is None else restored[0]))
+    return restored
+
+  monkeypatch.setattr(checkpoint.Slot, "restore", record)
+  return steps
+
+
+def two_runs(seeds=3):
+  """run(name): the calls "a" and "b" of one unit, 60 rounds of one algorithm (states of one
+  shape) with other keys and step sizes (`tiny_problem`)."""
+  algorithm, data, hparams, keys = tiny_problem(seeds)
+  calls = {"a": (hparams, keys),
+           "b": (jax.tree.map(lambda x: x / 2, hparams),
+                 jax.random.split(jax.random.key(1), seeds))}
+
+  def run(name):
+    return fr.run(algorithm, data, *calls[name], 60, sweep_axes=(0, 0, 0), chunk=10,
+                  progress=False)
+
+  return run
+
+
+def test_two_runs_of_one_unit_resumed_in_swapped_order_get_their_own_state(
+    tmp_path, monkeypatch):
+  """A unit runs a then b; stopped inside b (a's last checkpoint, round 40, left beside b's
+  first, round 10), it is resumed with b first, then a: each restores its own checkpoint
+  (named by what it computes, not by call order) and ends with the metrics, byte for byte,
+  the flags and the state of an uninterrupted run, never the other call's."""
+  run = two_runs()
+  whole = {name: run(name) for name in "ab"}
+  stops = iter([None] * 6 + ["SIGTERM"])  # a's six chunks, then b's first
+  monkeypatch.setattr(checkpoint, "stop_requested", lambda: next(stops))
+  with checkpoint.scope(str(tmp_path), every_rounds=20, every_seconds=None):
+    run("a")
+    with pytest.raises(checkpoint.Interrupted, match="SIGTERM at round 10 of 60"):
+      run("b")
+  monkeypatch.undo()
+  saved = {name: os.listdir(tmp_path / name) for name in os.listdir(tmp_path)}
+  assert sorted(saved.values()) == [["10"], ["40"]]
+  steps = restored_steps(monkeypatch)
+  with checkpoint.scope(str(tmp_path), every_rounds=20, every_seconds=None):
+    resumed = {name: run(name) for name in "ba"}
+  assert [(saved[name], step) for name, step in steps] == [(["10"], 10), (["40"], 40)]
+  for name in "ab":
+    assert resumed[name].metrics.keys() == whole[name].metrics.keys()
+    for metric, values in whole[name].metrics.items():
+      got = resumed[name].metrics[metric]
+      assert got.dtype == values.dtype and got.tobytes() == values.tobytes(), (name, metric)
+    np.testing.assert_array_equal(resumed[name].diverged, whole[name].diverged)
+    for a, b in zip(jax.tree.leaves(resumed[name].state), jax.tree.leaves(whole[name].state)):
+      np.testing.assert_array_equal(a, b)
+
+
+def test_two_runs_of_one_unit_with_one_identity_are_refused_in_one_line(tmp_path):
+  """A second call of a unit that computes what an earlier one did would share its
+  checkpoints: refused before it runs, naming the checkpoint and what to do."""
+  run = two_runs()
+  with checkpoint.scope(str(tmp_path)):
+    run("a")
+    with pytest.raises(checkpoint.IdentityError) as refused:
+      run("a")
+  assert re.fullmatch(
+      rf"two runs of one unit would share the checkpoint {tmp_path}/fedavg-[0-9a-f]{{12}} "
+      r"\(the same algorithm, key, hparams, rounds and data shapes\): give them different "
+      r"keys, or run them in units of their own", str(refused.value))
+
+
+def test_a_checkpoint_that_records_another_run_is_refused_in_one_line(tmp_path, monkeypatch):
+  """b's checkpoint directory holding a's checkpoint (as a clash of names would): b's resume
+  refuses it in one line naming it and what differs, and deletes nothing."""
+  run = two_runs()
+  monkeypatch.setattr(checkpoint, "stop_requested", lambda: "SIGTERM")
+  for name in "ab":
+    with checkpoint.scope(str(tmp_path / name)), pytest.raises(checkpoint.Interrupted):
+      run(name)
+  monkeypatch.undo()
+  (b_slot,) = os.listdir(tmp_path / "b")
+  (a_slot,) = os.listdir(tmp_path / "a")
+  assert a_slot != b_slot
+  shutil.rmtree(tmp_path / "b" / b_slot)
+  shutil.move(tmp_path / "a" / a_slot, tmp_path / "b" / b_slot)
+  with checkpoint.scope(str(tmp_path / "b")), pytest.raises(checkpoint.IdentityError) as refused:
+    run("b")
+  directory = tmp_path / "b" / b_slot
+  assert str(refused.value) == (
+      f"checkpoint {directory}/10 holds another run (its hparams, key differ from this "
+      f"call's): delete {directory} to run this call from its start, or start the whole run "
+      f"over (--overwrite)")
+  assert os.listdir(directory) == ["10"]
 
 
 @pytest.mark.slow
@@ -98,7 +198,7 @@ def run_cli(args, **kwargs):
 
 def checkpoint_steps(out) -> list[int]:
   """The rounds of the checkpoints saved so far by the units of the run in `out`."""
-  paths = glob.glob(os.path.join(out, "parts", "*.ckpt", "run0", "[0-9]*"))
+  paths = glob.glob(os.path.join(out, "parts", "*.ckpt", "*", "[0-9]*"))
   return [int(os.path.basename(p)) for p in paths if os.path.basename(p).isdigit()]
 
 

@@ -133,7 +133,8 @@ def test_flat_lowering_gives_jax_randoms_bits_on_one_axis():
 @pytest.mark.slow
 def test_cli_flat_threefry_writes_the_same_metrics_and_records_it(tmp_path):
   """`fedjax-rep run ... --flat-threefry`: metrics.csv byte-identical to the run without
-  it; config.json's code.threefry says which lowering ran."""
+  it; config.json's code.threefry says which lowering ran, code.threefry_scope that it is
+  the process's."""
   args = ["digits-personalized", "--quick", "--set", "rounds=3", "--set",
           "algorithms=fedrep,fedavg", "--set", "eval_every=3", "--no-progress"]
   outputs = {}
@@ -144,6 +145,7 @@ def test_cli_flat_threefry_writes_the_same_metrics_and_records_it(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     with open(out / "config.json") as f:
-      assert json.load(f)["code"]["threefry"] == flag
+      code = json.load(f)["code"]
+    assert code["threefry"] == flag and code["threefry_scope"] == "process"
     outputs[flag] = (out / "metrics.csv").read_bytes()
   assert outputs["flat"] == outputs["jax"]

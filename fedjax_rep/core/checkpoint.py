@@ -3,19 +3,25 @@ divergence flags) and the metrics so far, saved with orbax every K rounds or T s
 when a stop is requested (SIGINT, SIGTERM), and restored when the same run starts again.
 
 A `scope` (one per unit of work of a recipe, `recipes.outputs.RunDir.unit`) gives each
-`loop.run` call inside it, in order, its own `Slot`: a directory of orbax steps (the round
-reached). Outside a scope runs save nothing. Saves are synchronous, so a state is on disk
-before the next chunk reuses its buffers; orbax writes each step to a temporary directory
-and renames it when complete, so a process killed mid-save, or one that cannot write (a
-full disk: `files.WriteError`), leaves the last step intact; the next run deletes the
-temporary directory (`Slot.manager`). A step that cannot be read (truncated, corrupted) is
-reported in one line and deleted, and its run goes on from the step before it or from its
-start.
+`loop.run` call inside it its own `Slot`, named by what the call runs (`slot`): a directory
+of orbax steps (the round reached), each recording that identity. A call finds its own
+checkpoints whatever order a unit's calls come in; two calls of one unit with one identity,
+and a checkpoint that records another identity than its name's, are refused
+(`IdentityError`). Outside a scope runs save nothing.
+
+Saves are synchronous, so a state is on disk before the next chunk reuses its buffers;
+orbax writes each step to a temporary directory and renames it when complete, so a process
+killed mid-save, or one that cannot write (a full disk: `files.WriteError`), leaves the
+last step intact; the next run deletes the temporary directory (`Slot.manager`). A step
+that cannot be read (truncated, corrupted) is reported in one line and deleted, and its run
+goes on from the step before it or from its start.
 """
 
 import contextlib
 import contextvars
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import re
@@ -41,12 +47,17 @@ class Interrupted(Exception):
     self.signal_name, self.round, self.num_rounds = signal_name, round, num_rounds
 
 
+class IdentityError(ValueError):
+  """A `loop.run` call would take another run's checkpoints: a second call of one unit with
+  the identity of an earlier one, or a checkpoint that records another identity."""
+
+
 @dataclasses.dataclass
 class _Scope:
   directory: str
   every_rounds: int | None
   every_seconds: float | None
-  calls: int = 0
+  names: set = dataclasses.field(default_factory=set)  # the slots that calls took so far
 
 
 _SCOPE = contextvars.ContextVar("fedjax_rep_checkpoint_scope", default=None)
@@ -56,7 +67,7 @@ _STOP = {"signal": None}  # the name of the signal that asked to stop, once one 
 @contextlib.contextmanager
 def scope(directory: str, every_rounds: int | None = None,
           every_seconds: float | None = DEFAULT_SECONDS):
-  """Within it, the i-th `loop.run` call checkpoints into directory/run<i>: after the
+  """Within it, each `loop.run` call checkpoints into directory/NAME (`slot`): after the
   chunks that end on a multiple of `every_rounds`, and after the first chunk that ends
   `every_seconds` or more after the last save (None: never by that rule)."""
   check_policy(every_rounds, every_seconds)
@@ -79,15 +90,31 @@ def check_policy(every_rounds, every_seconds) -> None:
                      f"or None, got {every_seconds!r}")
 
 
-def next_slot() -> "Slot | None":
-  """The slot of the next `loop.run` call in the current scope; None outside a scope."""
+def in_scope() -> bool:
+  """Whether `loop.run` calls made here checkpoint (inside a `scope`)."""
+  return _SCOPE.get() is not None
+
+
+def slot(label: str, identity: dict) -> "Slot":
+  """The slot of a `loop.run` call in the current scope (`in_scope`), named by what the call
+  runs: directory/LABEL-HASH, LABEL (e.g. the algorithm's name) with every character outside
+  [A-Za-z0-9._-] replaced by '_', HASH 12 hex digits of a sha256 of `identity` (a dict of
+  JSON values), which the slot's checkpoints record.
+
+  Raises:
+    IdentityError: an earlier call in the scope took that slot (the same identity).
+  """
   current = _SCOPE.get()
-  if current is None:
-    return None
-  slot = Slot(os.path.join(current.directory, f"run{current.calls}"), current.every_rounds,
-              current.every_seconds)
-  current.calls += 1
-  return slot
+  identity = json.loads(json.dumps(identity))  # as a checkpoint's JSON gives it back
+  digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+  directory = os.path.join(current.directory,
+                           f"{re.sub(r'[^A-Za-z0-9._-]', '_', label)}-{digest}")
+  if directory in current.names:
+    raise IdentityError(f"two runs of one unit would share the checkpoint {directory} (the "
+                        f"same algorithm, key, hparams, rounds and data shapes): give them "
+                        f"different keys, or run them in units of their own")
+  current.names.add(directory)
+  return Slot(directory, current.every_rounds, current.every_seconds, identity)
 
 
 def stop_requested() -> str | None:
@@ -141,10 +168,13 @@ def _orbax_quiet():
 class Slot:
   """The checkpoints of one `loop.run` call: orbax steps numbered by the round reached, the
   latest kept. Each holds `carry` (a pytree of arrays: state and flags), `history` (a dict
-  of numpy arrays: the metrics so far) and `meta` (JSON)."""
+  of numpy arrays: the metrics so far) and `meta` (JSON), which records `identity` (the
+  call's, `slot`; None: a slot made without one)."""
 
-  def __init__(self, directory: str, every_rounds: int | None, every_seconds: float | None):
+  def __init__(self, directory: str, every_rounds: int | None, every_seconds: float | None,
+               identity: dict | None = None):
     self.directory, self.every_rounds, self.every_seconds = directory, every_rounds, every_seconds
+    self.identity = identity
     self._last_save = time.monotonic()
     self._manager = None
 
@@ -166,7 +196,8 @@ class Slot:
   def restore(self, carry_like):
     """(round, carry, history, meta) of the latest checkpoint that can be read, the carry
     laid out like `carry_like` (same shapes, dtypes and shardings); None when there is
-    none. One that cannot be read is reported (one line) and deleted."""
+    none. One that cannot be read is reported (one line) and deleted. IdentityError where
+    it records another identity than the slot's (nothing deleted)."""
     if not os.path.isdir(self.directory):
       return None
     import orbax.checkpoint as ocp
@@ -176,9 +207,11 @@ class Slot:
     for i, step in enumerate(steps):
       try:
         with _orbax_quiet():
+          meta = self.manager().restore(step, args=ocp.args.Composite(
+              meta=ocp.args.JsonRestore())).meta
           saved = self.manager().restore(step, args=ocp.args.Composite(
-              carry=ocp.args.StandardRestore(carry_like), history=ocp.args.StandardRestore(),
-              meta=ocp.args.JsonRestore()))
+              carry=ocp.args.StandardRestore(carry_like),
+              history=ocp.args.StandardRestore())) if self._own(meta) else None
       except Exception as error:  # whatever orbax or tensorstore report of a damaged step
         why = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         then = f"round {steps[i + 1]}" if i + 1 < len(steps) else "the start of its run"
@@ -186,9 +219,26 @@ class Slot:
                          f"read ({why}): deleted; going on from {then}")
         self.manager().delete(step)
         continue
+      if saved is None:
+        raise IdentityError(self._other_run(step, meta))
       self._last_save = time.monotonic()
-      return step, saved.carry, {k: np.asarray(v) for k, v in saved.history.items()}, saved.meta
+      return step, saved.carry, {k: np.asarray(v) for k, v in saved.history.items()}, meta
     return None
+
+  def _own(self, meta) -> bool:
+    """Whether a checkpoint's `meta` records the slot's identity."""
+    return isinstance(meta, dict) and meta.get("identity") == self.identity
+
+  def _other_run(self, step: int, meta) -> str:
+    """The one-line refusal of the checkpoint `step`, whose `meta` records another identity
+    than the slot's: what differs, and what to do."""
+    recorded = meta.get("identity") if isinstance(meta, dict) else None
+    recorded, own = (x if isinstance(x, dict) else {} for x in (recorded, self.identity))
+    differ = sorted(k for k in {*recorded, *own} if recorded.get(k) != own.get(k))
+    what = f"its {', '.join(differ) or 'identity'} differ from this call's"
+    return (f"checkpoint {os.path.join(self.directory, str(step))} holds another run ({what}): "
+            f"delete {self.directory} to run this call from its start, or start the whole "
+            f"run over (--overwrite)")
 
   def due(self, round: int) -> bool:
     """Whether a chunk that ended at `round` should save."""
@@ -197,14 +247,14 @@ class Slot:
         and time.monotonic() - self._last_save >= self.every_seconds))
 
   def save(self, round: int, carry, history: dict, meta: dict) -> None:
-    """Saves the step `round`, then deletes the one before; WriteError (the step before
-    left intact) when it cannot be written."""
+    """Saves the step `round` (`meta` with the slot's identity), then deletes the one
+    before; WriteError (the step before left intact) when it cannot be written."""
     import orbax.checkpoint as ocp
     try:
       with _orbax_quiet():
         self.manager().save(round, args=ocp.args.Composite(
             carry=ocp.args.StandardSave(carry), history=ocp.args.StandardSave(history),
-            meta=ocp.args.JsonSave(meta)), force=True)
+            meta=ocp.args.JsonSave({**meta, "identity": self.identity})), force=True)
         self.manager().wait_until_finished()
     except (OSError, ValueError) as error:
       code = re.search(r"os_error_code='?(\d+)", str(error))

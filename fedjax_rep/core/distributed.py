@@ -4,7 +4,8 @@ it from the environment, and which process writes.
 Every process runs the same program on the same data; `jax.devices()` then spans every
 process's devices, so a client mesh over `devices` > the local devices spans processes,
 and the collectives (psum) go between them (gloo on CPU, NCCL on GPU). A process that
-stops answering for `HEARTBEAT_SECONDS` makes the coordination service end the others.
+stops answering for `heartbeat_seconds()` (FEDJAX_REP_HEARTBEAT_SECONDS, read when a job is
+joined) makes the coordination service end the others.
 """
 
 import os
@@ -15,10 +16,9 @@ import jax
 import numpy as np
 
 ADDRESS, COUNT, INDEX = "JAX_COORDINATOR_ADDRESS", "NUM_PROCESSES", "PROCESS_ID"
-# A process silent for this long is dead, and the others stop (environment variable
-# FEDJAX_REP_HEARTBEAT_SECONDS); how long a process waits for the others to join.
-HEARTBEAT_SECONDS = int(os.environ.get("FEDJAX_REP_HEARTBEAT_SECONDS", "30"))
-INIT_SECONDS = 120
+HEARTBEAT = "FEDJAX_REP_HEARTBEAT_SECONDS"  # the variable of `heartbeat_seconds`
+DEFAULT_HEARTBEAT_SECONDS = 30
+INIT_SECONDS = 120  # how long a process waits for the others to join
 
 
 class JobError(ValueError):
@@ -55,6 +55,20 @@ def job_environment(environ=None) -> dict | None:
   return None
 
 
+def heartbeat_seconds(environ=None) -> int:
+  """The seconds of silence after which a process of a job counts as dead and the others
+  stop: FEDJAX_REP_HEARTBEAT_SECONDS of the environment (default os.environ) as it is now,
+  DEFAULT_HEARTBEAT_SECONDS (30) where unset or empty. JobError unless an integer >= 1."""
+  environ = os.environ if environ is None else environ
+  value = environ.get(HEARTBEAT) or str(DEFAULT_HEARTBEAT_SECONDS)
+  if not value.strip().isdigit() or int(value) < 1:
+    raise JobError(f"{HEARTBEAT}={value!r} must be an integer >= 1 (the seconds of silence "
+                   f"after which a process of a job counts as dead); set it to e.g. "
+                   f"{DEFAULT_HEARTBEAT_SECONDS}, or unset it for the default "
+                   f"{DEFAULT_HEARTBEAT_SECONDS}")
+  return int(value)
+
+
 def free_port() -> int:
   """A TCP port of the loopback interface that nothing listens on now: a coordinator's
   port for a job of local processes (tests, benchmarks)."""
@@ -65,15 +79,18 @@ def free_port() -> int:
 
 def join(environ=None) -> bool:
   """Joins the job the environment names (`job_environment`): gloo collectives on CPU, then
-  `jax.distributed.initialize` with INIT_SECONDS to gather and HEARTBEAT_SECONDS of
-  silence before a process counts as dead. Must come before anything else uses JAX.
-  Returns whether there is a job (False: one process, nothing done)."""
+  `jax.distributed.initialize` with INIT_SECONDS to gather and `heartbeat_seconds()` of
+  silence before a process counts as dead, both read from the environment (default
+  os.environ) now. Must come before anything else uses JAX. Returns whether there is a job
+  (False: one process, nothing done). JobError, before anything is done, for an environment
+  that names no job that can be joined, or a bad FEDJAX_REP_HEARTBEAT_SECONDS."""
   keywords = job_environment(environ)
   if keywords is None:
     return False
+  heartbeat = heartbeat_seconds(environ)
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(**keywords, initialization_timeout=INIT_SECONDS,
-                             heartbeat_timeout_seconds=HEARTBEAT_SECONDS)
+                             heartbeat_timeout_seconds=heartbeat)
   return True
 
 

@@ -17,6 +17,8 @@ XLA:CPU's older fusion emitters; docs/neural.md); the rest get XLA's defaults.
 
 import dataclasses
 import functools
+import hashlib
+import re
 import time
 from typing import Any
 
@@ -263,6 +265,46 @@ def _split_history(history, eval_rounds, axis):
   return pieces, list(eval_rounds), eval_pieces
 
 
+def _text(value) -> str:
+  """repr(value) without object addresses (' at 0x...'), the same in every process."""
+  return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _fingerprint(tree, values: bool) -> str:
+  """16 hex digits of a sha256 of `tree`'s structure and its leaves' dtypes and shapes, and
+  with `values` of the leaves' values too (read to the host: small trees; a key by its key
+  data)."""
+  digest = hashlib.sha256(_text(jax.tree.structure(tree)).encode())
+  for leaf in jax.tree.leaves(tree):
+    leaf = leaf if isinstance(leaf, jax.Array) else np.asarray(leaf)
+    digest.update(f"{leaf.dtype}{leaf.shape}".encode())
+    if values:
+      if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+      digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+  return digest.hexdigest()[:16]
+
+
+def _identity(algorithm, data, hparams, key, num_rounds, state, start_round, diverged,
+              reference, blowup, eval_every, sweep_axes) -> dict:
+  """What a call of `run` computes, as its checkpoints are named by and record
+  (`checkpoint.slot`): the algorithm's name and structure (its repr), the values of the
+  key, hparams and a resumed run's flags and reference, the structure, shapes and dtypes
+  of data and of a given state (their values are the unit's), the rounds, the blow-up
+  bound, the evaluation period and the sweep axes; fingerprints where not plain numbers."""
+  given = lambda tree: None if tree is None else _fingerprint(tree, values=True)
+  return {"algorithm": algorithm.name,
+          "structure": hashlib.sha256(_text(algorithm).encode()).hexdigest()[:16],
+          "key": _fingerprint(key, values=True), "hparams": _fingerprint(hparams, values=True),
+          "data": _fingerprint(data, values=False),
+          "state": None if state is None else _fingerprint(state, values=False),
+          "diverged": given(diverged), "reference": given(reference),
+          "rounds": [int(start_round), int(num_rounds)],
+          "blowup": None if blowup is None else float(blowup),
+          "eval_every": None if eval_every is None else int(eval_every),
+          "sweep_axes": _text(sweep_axes)}
+
+
 def _next_boundary(t: int, num_rounds: int, *periods: int) -> int:
   """The first multiple of any of `periods` after round t, capped at num_rounds."""
   return min([num_rounds] + [(t // p + 1) * p for p in periods])
@@ -308,9 +350,11 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
   Raises:
     ValueError: num_rounds, start_round, chunk, eval_every or blowup out of range. Inputs
       that fail `checks.check_run` raise its errors; all before anything compiles.
+    checkpoint.IdentityError: inside a checkpoint scope (a recipe's unit), a second call
+      with the identity of an earlier one, which would share its checkpoints, or a
+      checkpoint of the call's name that records another identity (`checkpoint.slot`).
   """
-  if state is not None:  # without a state, init_state checks the inputs
-    checks.check_run(algorithm, data, hparams, key, state, sweep_axes)
+  checks.check_run(algorithm, data, hparams, key, state, sweep_axes)
   if isinstance(num_rounds, bool) or not isinstance(num_rounds, (int, np.integer)) \
       or num_rounds < 1:
     raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
@@ -321,8 +365,11 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
       raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
   if blowup is not None and not blowup > 0:
     raise ValueError(f"blowup must be a number > 0 or None, got {blowup!r}")
+  slot = checkpoint.slot(algorithm.name, _identity(
+      algorithm, data, hparams, key, num_rounds, state, start_round, diverged, reference,
+      blowup, eval_every, sweep_axes)) if checkpoint.in_scope() else None
   if state is None:
-    state = init_state(algorithm, data, hparams, key, sweep_axes=sweep_axes)
+    state = _init(algorithm, key, data, hparams, sweep_axes=sweep_axes)
   else:  # the chunks donate the state they carry: keep the caller's arrays valid (a copy;
     # numpy leaves are placed, which compiles nothing; device arrays by jnp.copy, which
     # copies arrays spread over processes, where jax.device_put fails)
@@ -342,7 +389,6 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
   chunk = min(chunk or eval_every or DEFAULT_CHUNK, todo)
   pieces, eval_rounds, eval_pieces = [], [], []
   t = start_round
-  slot = checkpoint.next_slot()
   if slot is not None:
     periods += [slot.every_rounds] if slot.every_rounds else []
     restored = slot.restore({"state": state, "diverged": diverged, "reference": reference})

@@ -3,13 +3,14 @@
 Every `jax.random` draw, split and fold-in applies the Threefry-2x32 hash
 (`jax.extend.random.threefry2x32_p`) elementwise to uint32 counters shaped like the result
 (a vmapped weight draw hashes a [clients, 32, 10] array); on small multi-dimensional shapes
-XLA:CPU's LLVM unrolls each such hash's loop fully. `use_flat(True)` registers, for the
-whole process, a CPU lowering of the primitive that broadcasts its four operands to their
-common shape, flattens them to one axis, hashes them (`hash_2x32`) and reshapes the two
-results back: the same bits, another compiled program. It is an explicit opt-in
-(`fedjax-rep run --flat-threefry`, `fr.use_flat_threefry()`, recorded in config.json as
-code.threefry) for programs lowered after the call (compiled ones, in memory or in the
-persistent cache, stay as they were); other platforms keep JAX's lowering. Measurements:
+XLA:CPU's LLVM unrolls each such hash's loop fully. `use_flat(True)` registers a CPU
+lowering of the primitive that broadcasts its four operands to their common shape, flattens
+them to one axis, hashes them (`hash_2x32`) and reshapes the two results back: the same
+bits, another compiled program. An explicit opt-in (`fedjax-rep run --flat-threefry`,
+`fr.use_flat_threefry()`; config.json: code.threefry, code.threefry_scope) for the whole
+process: every program lowered after the call, compiled ones staying as they were. It is
+not scoped to some programs because JAX registers lowerings per process and its caches do
+not key on a flag of ours. Other platforms keep JAX's lowering. Measurements:
 docs/benchmarks.md.
 """
 
@@ -79,9 +80,21 @@ def _lowering(ctx, *operands):
 
 
 def use_flat(on: bool = True) -> None:
-  """Lowers `threefry2x32_p` on the CPU as `_flat_hash` (on) or as `hash_2x32` on the
-  operands' own shape, the structure of JAX's own CPU lowering (off), in programs lowered
-  from now on. The first call registers the lowering for the rest of the process."""
+  """Sets how the whole process lowers JAX's Threefry hash on the CPU from now on.
+
+  With `on`, `threefry2x32_p` is lowered as `_flat_hash` (its operands flattened to one
+  axis); without, as `hash_2x32` on the operands' own shape, the structure of JAX's own CPU
+  lowering. Process-wide: it applies to every program this process lowers for the CPU
+  afterwards, of any run, not to the caller's alone, and not to programs already compiled
+  (in memory or in the persistent cache). The first call with `on` registers the lowering
+  with JAX for the rest of the process. The bits drawn are the same either way.
+
+  Args:
+    on: whether to lower the hash on one flat axis.
+
+  Returns:
+    None.
+  """
   global _flat, _registered
   _flat = bool(on)
   if _flat and not _registered:
@@ -90,5 +103,5 @@ def use_flat(on: bool = True) -> None:
 
 
 def flat() -> bool:
-  """Whether programs lowered now hash on a flat axis on the CPU (`use_flat`)."""
+  """Whether programs this process lowers now hash on a flat axis on the CPU (`use_flat`)."""
   return _flat

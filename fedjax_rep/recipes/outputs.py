@@ -261,7 +261,9 @@ class RunDir:
     """compute() -> a dict of arrays, possibly nested (dicts of dicts: e.g. a final state's
     params), saved as parts/NAME.npz under '/'-joined keys; loaded instead if already there
     (computed again, after one line saying so, where it cannot be read). While it computes,
-    its runs checkpoint into parts/NAME.ckpt (deleted once it is saved)."""
+    each of its runs (`loop.run` calls) checkpoints into parts/NAME.ckpt/ALGORITHM-HASH,
+    named by what the run computes (`core.checkpoint.slot`); parts/NAME.ckpt is deleted
+    once the unit is saved."""
     path = os.path.join(self.path, "parts", name + ".npz")
     distributed.barrier(f"fedjax-rep: unit {name}")  # every process sees the same parts
     if os.path.exists(path):
