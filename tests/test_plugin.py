@@ -17,7 +17,6 @@ from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.recipes import neural
 from fedjax_rep.recipes import plotting
 from fedjax_rep.recipes import plugins
-from fedjax_rep.recipes import registry
 from fedjax_rep.recipes import runner
 
 PLUGIN = '''"""FedAvg whose server keeps a fraction server_beta of its model each round."""

@@ -4,17 +4,12 @@ when a stop is requested (SIGINT, SIGTERM), and restored when the same run start
 
 A `scope` (one per unit of work of a recipe, `recipes.outputs.RunDir.unit`) gives each
 `loop.run` call inside it its own `Slot`, named by what the call runs (`slot`): a directory
-of orbax steps (the round reached), each recording that identity. A call finds its own
-checkpoints whatever order a unit's calls come in; two calls of one unit with one identity,
-and a checkpoint that records another identity than its name's, are refused
-(`IdentityError`). Outside a scope runs save nothing.
-
-Saves are synchronous, so a state is on disk before the next chunk reuses its buffers;
-orbax writes each step to a temporary directory and renames it when complete, so a process
-killed mid-save, or one that cannot write (a full disk: `files.WriteError`), leaves the
-last step intact; the next run deletes the temporary directory (`Slot.manager`). A step
-that cannot be read (truncated, corrupted) is reported in one line and deleted, and its run
-goes on from the step before it or from its start.
+of orbax steps (the round reached), each recording that identity, so a call finds its own
+checkpoints whatever order a unit's calls come in; two calls with one identity, and a step
+that records another, are refused (`IdentityError`). Outside a scope runs save nothing.
+Saves are synchronous; orbax renames a step into place once written, so a killed or failed
+save (`files.WriteError`) leaves the last step intact. A step that cannot be read is
+reported in one line and deleted, and its run goes on from the step before or its start.
 """
 
 import contextlib
