@@ -18,7 +18,7 @@ from fedjax_rep.nn import models, representation, train
 from fedjax_rep.nn.fedavg_steps import FedAvgSteps
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes.fedavg_ft import neural as fedavg_ft_neural
-from fedjax_rep.recipes import registry as recipes
+from fedjax_rep import recipes
 import nn_reference as ref
 
 HP = hparams_lib.hparams(lr=0.1, momentum=0.5, weight_decay=1e-3)

@@ -14,7 +14,7 @@ from fedjax_rep import cli
 from fedjax_rep.data import flat, leaf, partition, tfds_data
 from fedjax_rep.data.federated import pad
 from fedjax_rep.data.missing import DataMissing
-from fedjax_rep.recipes import registry
+from fedjax_rep.recipes import runner
 
 
 @pytest.fixture(autouse=True)
@@ -352,7 +352,7 @@ def test_run_defaults_unchanged_and_data_missing_is_an_error(capsys, monkeypatch
       raise DataMissing("CIFAR-10 is not in /x: run  tfds build cifar10")
     return str(tmp_path)
 
-  monkeypatch.setattr(registry, "run_to_dir", fake_run)
+  monkeypatch.setattr(runner, "run_to_dir", fake_run)
   assert cli.main(["run"]) == 0 and calls == [cli.DEFAULT_RECIPE]
   assert cli.main(["run", "needs-data"]) == 2
   assert "fedjax-rep: error: CIFAR-10 is not in /x: run  tfds build cifar10" in (
