@@ -58,16 +58,22 @@ def resolve(names: list[str]) -> list[str]:
   return paths
 
 
-def kernel_environment(spec_root: str) -> None:
-  """Sets os.environ (which the kernels inherit) for a full run of this checkout: a
-  "python3" kernel spec of this interpreter found first (JUPYTER_PATH), ahead of any
-  user-level one; this checkout first on PYTHONPATH; no FEDJAX_REP_QUICK; matplotlib's
-  inline backend even where MPLBACKEND names another."""
+def write_kernel_spec(spec_root: str) -> None:
+  """Writes spec_root/kernels/python3/kernel.json: a "python3" kernel of this interpreter,
+  which JUPYTER_PATH=spec_root puts ahead of any user-level one."""
   spec_dir = os.path.join(spec_root, "kernels", "python3")
   os.makedirs(spec_dir)
   with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
     json.dump({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                "display_name": "Python 3", "language": "python"}, f)
+
+
+def kernel_environment(spec_root: str) -> None:
+  """Sets os.environ (which the kernels inherit) for a full run of this checkout: the
+  kernel spec of `write_kernel_spec` found first (JUPYTER_PATH); this checkout first on
+  PYTHONPATH; no FEDJAX_REP_QUICK; matplotlib's inline backend even where MPLBACKEND names
+  another."""
+  write_kernel_spec(spec_root)
   os.environ["JUPYTER_PATH"] = os.pathsep.join(
       [spec_root] + [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p])
   os.environ["PYTHONPATH"] = os.pathsep.join(

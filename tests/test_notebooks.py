@@ -5,16 +5,16 @@ here without running anything."""
 import ast
 import copy
 import glob
-import json
 import os
-import sys
+import runpy
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
 
-NOTEBOOKS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "notebooks",
-                                          "*.ipynb")))
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
+RUN_NOTEBOOKS = runpy.run_path(os.path.join(ROOT, "scripts", "run_notebooks.py"))
 
 
 @pytest.mark.slow
@@ -23,12 +23,7 @@ def test_notebook_executes_in_quick_mode(path, monkeypatch, tmp_path):
   """Runs a copy in memory: the committed file and its outputs stay as they are."""
   nbclient = pytest.importorskip("nbclient")
   monkeypatch.setenv("FEDJAX_REP_QUICK", "1")
-  # A kernel spec for this interpreter, ahead of any user-level "python3" spec.
-  spec_dir = tmp_path / "jupyter" / "kernels" / "python3"
-  spec_dir.mkdir(parents=True)
-  (spec_dir / "kernel.json").write_text(json.dumps({
-      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-      "display_name": "Python 3", "language": "python"}))
+  RUN_NOTEBOOKS["write_kernel_spec"](str(tmp_path / "jupyter"))
   monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
   notebook = nbformat.read(path, as_version=4)
   client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",

@@ -13,43 +13,11 @@ from fedjax_rep.recipes import registry
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-FIGURE = '''
-"""my-fig9: the mean of x_i ~ N(0, 1) over rounds (a figure a user adds)."""
-import dataclasses
 
-import matplotlib.pyplot as plt
-import numpy as np
-
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes.registry import Recipe, register
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-  rounds: int = cfg.rounds(5)
-  seed: int = cfg.seed()
-
-
-def run(config, seeds, unit, progress=True):
-  rows = []
-  for seed in range(config.seed, config.seed + seeds):
-    draws = unit(f"draws-seed{seed}", lambda: {
-        "x": np.random.default_rng(seed).normal(size=config.rounds)})["x"]
-    rows += [{"algorithm": "mean", "seed": seed, "round": t + 1,
-              "running_mean": float(draws[:t + 1].mean())} for t in range(config.rounds)]
-  return rows
-
-
-def plot(rows, config, path):
-  fig, ax = plt.subplots()
-  ax.plot([r["round"] for r in rows], [r["running_mean"] for r in rows])
-  fig.savefig(path)
-  plt.close(fig)
-
-
-register(Recipe(name="my-fig9", summary="a user's figure: running mean of N(0, 1) draws",
-                config=Config, quick={"rounds": 3}, run=run, plot=plot))
-'''
+def figure_module() -> str:
+  """The recipe module of docs/api.md's "Adding a figure" (its first python block)."""
+  text = (ROOT / "docs" / "api.md").read_text().split("### Adding a figure", 1)[1]
+  return text.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 def _installed_package(root: pathlib.Path) -> dict:
@@ -59,7 +27,7 @@ def _installed_package(root: pathlib.Path) -> dict:
   that puts `root` on the path."""
   (root / "myfigs").mkdir(parents=True)
   (root / "myfigs" / "__init__.py").write_text('"""A user\'s figures."""\n')
-  (root / "myfigs" / "fig9.py").write_text(FIGURE)
+  (root / "myfigs" / "fig.py").write_text(figure_module())
   info = root / "myfigs-0.1.dist-info"
   info.mkdir()
   (info / "METADATA").write_text("Metadata-Version: 2.1\nName: myfigs\nVersion: 0.1\n")
@@ -74,16 +42,16 @@ def test_a_new_figure_is_one_module_found_by_list_and_run(tmp_path):
                           capture_output=True, text=True, timeout=300)
   assert listed.returncode == 0, listed.stderr
   recipes = listed.stdout.split("linear algorithms:")[0].splitlines()
-  assert recipes[-1].split() == ["my-fig9", "a", "user's", "figure:", "running", "mean", "of",
-                                 "N(0,", "1)", "draws"]  # after the built-in ones
+  assert recipes[-1].split() == ["my-fig", "running", "mean", "of", "N(0,", "1)",
+                                 "draws"]  # after the built-in ones
   out = tmp_path / "out"
-  ran = subprocess.run([sys.executable, "-m", "fedjax_rep", "run", "my-fig9", "--quick",
+  ran = subprocess.run([sys.executable, "-m", "fedjax_rep", "run", "my-fig", "--quick",
                         "--no-progress", "--out", str(out)], env=env, capture_output=True,
                        text=True, timeout=300)
   assert ran.returncode == 0, ran.stderr
   rows = (out / "metrics.csv").read_text().splitlines()
-  assert rows[0] == "algorithm,seed,round,running_mean" and len(rows) == 1 + 3
-  assert (out / "my-fig9.png").stat().st_size > 0
+  assert rows[0] == "algorithm,seed,round,running_mean" and len(rows) == 1 + 5
+  assert (out / "my-fig.png").stat().st_size > 0
 
 
 def test_a_recipe_module_that_raises_is_one_line(tmp_path):

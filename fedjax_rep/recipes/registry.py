@@ -130,9 +130,10 @@ def get(name: str) -> Recipe:
     _import(module)
     if name in RECIPES:
       break
-  if name not in RECIPES and name not in all_recipes():
-    raise cfg.ConfigError(f"unknown recipe {name!r}; known recipes: "
-                          f"{', '.join(all_recipes())}")
+  if name not in RECIPES:
+    known = all_recipes()
+    if name not in known:
+      raise cfg.ConfigError(f"unknown recipe {name!r}; known recipes: {', '.join(known)}")
   return RECIPES[name]
 
 
