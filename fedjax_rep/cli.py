@@ -79,6 +79,13 @@ def _parser() -> argparse.ArgumentParser:
                    "combination runs; a list field takes one value at a time); the swept "
                    "keys and a `grid` label are columns of metrics.csv, and the figure has "
                    "one line per combination")
+  run.add_argument("--select", action="store_true",
+                   help="choose, per algorithm, the --grid combination of the best validation "
+                   "statistic (needs --set validation_fraction=F > 0; test numbers never enter "
+                   "the choice) and write selection.csv and selection.png")
+  run.add_argument("--confirm-seeds", type=int, default=None, metavar="N",
+                   help="with --select: run each chosen combination again on N fresh seeds and "
+                   "add its test statistic there to selection.csv")
   run.add_argument("--out", default=None, help="output directory (default runs/RECIPE-<time>); "
                    "an existing one with the same configuration and grid is resumed")
   run.add_argument("--overwrite", action="store_true",
@@ -119,11 +126,14 @@ def _what_to_run(args) -> tuple[str, dict]:
     name = args.recipe or DEFAULT_RECIPE
     return name, {"quick": args.quick, "seeds": args.seeds, "overrides": args.overrides,
                   "grid": args.grid, "out": args.out or runner.default_out(name),
-                  "plugins": args.plugin}
+                  "plugins": args.plugin, "select": args.select,
+                  "confirm_seeds": args.confirm_seeds}
   option = "--resume" if args.resume else "--from-config"
   given = [flag for flag, value in (("a recipe name", args.recipe), ("--quick", args.quick),
                                     ("--seeds", args.seeds), ("--set", args.overrides),
                                     ("--grid", args.grid), ("--plugin", args.plugin),
+                                    ("--select", args.select),
+                                    ("--confirm-seeds", args.confirm_seeds is not None),
                                     ("--from-config", args.resume and args.from_config),
                                     ("--out", args.resume and args.out)) if value]
   if given:

@@ -2,8 +2,10 @@
 algorithm over all seeds as one program, and their metrics.csv rows and summary."""
 
 import dataclasses
+import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core import loop
@@ -19,10 +21,14 @@ from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import shared
 
+TRACED = ("lr", "momentum", "weight_decay")  # the fields a grid sweeps in one program
 ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local")
 LAST_EVALUATIONS = 10  # the papers' accuracy: the mean over the last 10 evaluations
 # The statistic of a run's test accuracies that summaries report (then averaged over seeds).
 STATISTICS = ("last10", "last", "best")
+ROUNDS_TO_FRACTION = 0.95  # rounds_to_95: the first round reaching this fraction of the statistic
+# The columns of what a method costs per round (`nn.cost`), on its metrics.csv rows.
+COST = ("upload_bytes", "download_bytes", "flops_per_round")
 
 
 def partition(default="classes"):
@@ -78,6 +84,13 @@ def summary_statistic(default="last10"):
                     f"and the figure report, then averaged over seeds: the mean of the last "
                     f"{LAST_EVALUATIONS} evaluations (the papers'; all where fewer), the last "
                     f"evaluation, or the best", default, STATISTICS)
+
+
+def validation_fraction(default=0.0):
+  return cfg.setting(default, cfg.Check(float, low=0.0, high=1.0, open_high=True),
+                     "fraction of each client's training samples held out for validation "
+                     "(0: none); evaluations then also report val_accuracy, `best` picks the "
+                     "round by it and --select the grid's combination")
 
 
 def client_group(default=10):
@@ -136,6 +149,7 @@ class Training(placement.Placement):
   weight_decay: float = weight_decay()
   eval_every: int = eval_every()
   eval_clients: str = eval_clients()
+  validation_fraction: float = validation_fraction()
   summary: str = summary_statistic()
   seed: int = cfg.seed()
   client_group: int = client_group()
@@ -198,8 +212,17 @@ def hparams(config) -> hparams_lib.NNHparams:
   return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay, **options)
 
 
+def validated(data, config, seed: int):
+  """`data` (one seed's) with config's per-client validation split (`data.validation.split`
+  of config.validation_fraction, drawn from `seed`); as it is where the fraction is 0."""
+  if not config.validation_fraction:
+    return data
+  from fedjax_rep.data import validation
+  return validation.split(data, config.validation_fraction, seed)
+
+
 def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_every,
-                 progress, keep_model=False):
+                 progress, keep_model=False, sweep_axes=(0, None, 0)):
   """Cached unit `unit_name`: `algorithm` on every run of `data` (a leading axis of runs,
   e.g. seeds, with one key of `keys` each) as one vmapped program; metrics [runs, rounds],
   eval_rounds [E], eval metrics [runs, E] and, with keep_model, the final shared params
@@ -207,7 +230,7 @@ def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_e
 
   def compute():
     result = loop.run(algorithm, data, hparams, keys, rounds, eval_every=eval_every,
-                      sweep_axes=(0, None, 0), progress=progress, desc=unit_name)
+                      sweep_axes=sweep_axes, progress=progress, desc=unit_name)
     out = {"metrics": result.metrics, "eval_rounds": result.eval_rounds,
            "eval": result.eval_metrics}
     if keep_model:
@@ -243,16 +266,84 @@ def shared_program(config, own, own_hparams, peers, data) -> tuple:
       **resolved_conventions(config).options(program)})
 
 
-def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress):
-  """`trained_unit` of algorithm `name` (`algorithm`) for config.rounds rounds; run by the
-  program that it shares with the others of config.algorithms (`nn.program`), when
-  there are any (one compilation for all of them), with the flags of config's conventions
-  that the program takes."""
+def traced_keys(config) -> tuple[str, ...]:
+  """The keys of `config` that a grid sweeps inside one program (`Recipe.traced`): lr,
+  momentum, weight_decay and the traced options its algorithms declare."""
+  return (*TRACED, *config.declared_options())
+
+
+def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress,
+            grid=None) -> list[dict]:
+  """`trained_unit` of algorithm `name` (`algorithm`) for config.rounds rounds, once per
+  combination of `grid` (dicts of traced keys, `traced_keys`; None: config's own values),
+  as a list of results in the grid's order. Run by the program that it shares with the
+  others of config.algorithms (`nn.program`), when there are any (one compilation for all
+  of them), with the flags of config's conventions that the program takes. A grid's G
+  combinations run with every run of `data` as one program of G x runs runs (hparams
+  stacked, data and keys tiled: `settings_unit`)."""
   peers = [algorithm(n, config, model, num_clients) for n in getattr(config, "algorithms", ())]
   own = algorithm(name, config, model, num_clients)
-  program, program_hparams = shared_program(config, own, hparams(config), peers, data)
-  return trained_unit(unit, unit_name, program, data, program_hparams, keys, config.rounds,
-                      config.eval_every, progress)
+  if not grid:
+    program, program_hparams = shared_program(config, own, hparams(config), peers, data)
+    return [trained_unit(unit, unit_name, program, data, program_hparams, keys,
+                         config.rounds, config.eval_every, progress)]
+  programs = [shared_program(cfg.apply(config, combination), own,
+                             hparams(cfg.apply(config, combination)), peers, data)
+              for combination in grid]
+  return settings_unit(unit, unit_name, programs[0][0], data, [h for _, h in programs], keys,
+                       config.rounds, config.eval_every, progress)
+
+
+# Of one run's state, the copies a chunk holds at once (the carried state, the new one, the
+# donated buffers and the optimiser's) beside one copy of its data.
+STATE_COPIES = 4
+
+
+def runs_that_fit(algorithm, data, hparams, keys, available: int | None = None) -> tuple:
+  """(runs, estimate): how many runs of `data` (one run's leaves after the leading axis)
+  with state `algorithm.init` fit in USABLE of the memory `available` (default:
+  `linear.memory.available_bytes()`), at one copy of a run's data and STATE_COPIES of its
+  state each; and the bytes per run."""
+  from fedjax_rep.linear import memory  # the memory left on the host or the device
+  one = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree)
+  state = jax.eval_shape(algorithm.init, one(keys), one(data), hparams)
+  size = lambda tree: sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+                          for a in jax.tree.leaves(tree))
+  per_run = size(data) // max(1, jax.tree.leaves(data)[0].shape[0]) + STATE_COPIES * size(state)
+  available = memory.available_bytes() if available is None else available
+  return max(1, int(memory.USABLE * available) // max(1, per_run)), per_run
+
+
+def settings_unit(unit, unit_name, program, data, settings_hparams: list, keys, rounds,
+                  eval_every, progress, available: int | None = None) -> list[dict]:
+  """`trained_unit` results of `program` with each of the G `settings_hparams` (hparams of
+  one structure) on every run of `data` (R runs, keys [R]): the G x R runs as one vmapped
+  program (hparams leaves repeated R times, data and keys tiled G times; run g * R + r is
+  setting g on run r), split into chunks of equal settings where they would not fit in
+  memory (`runs_that_fit`; said on stderr; the last chunk padded with its last setting, so
+  every chunk runs one compiled program), units '<unit_name>' or '<unit_name>-settings
+  A-B'. Returns one result per setting, as `trained_unit`'s of its R runs."""
+  width = jax.tree.leaves(data)[0].shape[0]  # R
+  count = len(settings_hparams)
+  fit, per_run = runs_that_fit(program, data, settings_hparams[0], keys, available)
+  size = max(1, min(count, fit // width))
+  chunks = -(-count // size)
+  if chunks > 1:
+    print(f"fedjax-rep: {unit_name}: {count} settings x {width} runs need about "
+          f"{count * width * per_run / 1e9:.2f} GB, more than fits; running them as {chunks} "
+          f"programs of {size} settings", file=sys.stderr)
+  results = []
+  for start in range(0, count, size):
+    chosen = settings_hparams[start:start + size]
+    chosen = chosen + chosen[-1:] * (size - len(chosen))  # the same shape for every chunk
+    stacked = jax.tree.map(lambda *leaves: np.repeat(np.stack(leaves), width, axis=0), *chosen)
+    name = unit_name if chunks == 1 else f"{unit_name}-settings{start}-{start + size - 1}"
+    result = trained_unit(unit, name, program, shared.concatenate([data] * size), stacked,
+                          jnp.tile(keys, size), rounds, eval_every, progress,
+                          sweep_axes=(0, 0, 0))
+    results += [runs(result, g * width, (g + 1) * width)
+                for g in range(min(size, count - start))]
+  return results
 
 
 def run_keys(seed_values, repeats: int = 1) -> jax.Array:
@@ -290,31 +381,75 @@ def run_statistic(accuracies: list[float], statistic: str) -> float:
   return float(np.mean(accuracies[-(1 if statistic == "last" else LAST_EVALUATIONS):]))
 
 
+def seed_statistics(evaluations: list[tuple], statistic: str) -> dict:
+  """A run's statistics from its evaluations [(round, test accuracy, validation accuracy or
+  None), ...] in round order: `test` and, with a validation split, `val`: `run_statistic` of
+  each, except that `best` with a validation split takes the evaluation of the best
+  validation accuracy (the first of equals) and reports the test accuracy there; and
+  `rounds_to_95`, the first evaluated round whose accuracy (validation where split) reaches
+  95% of that statistic (NaN where none does)."""
+  rounds = [t for t, _, _ in evaluations]
+  tests = np.array([a for _, a, _ in evaluations], float)
+  vals = np.array([np.nan if v is None else v for _, _, v in evaluations], float)
+  split = bool(np.isfinite(vals).any())
+  if statistic == "best" and split:
+    best = int(np.nanargmax(vals))
+    out = {"test": float(tests[best]), "val": float(vals[best])}
+  else:
+    out = {"test": run_statistic(list(tests), statistic)}
+    if split:
+      out["val"] = run_statistic(list(vals), statistic)
+  curve, final = (vals, out["val"]) if split else (tests, out["test"])
+  reached = np.flatnonzero(curve >= ROUNDS_TO_FRACTION * final)
+  out["rounds_to_95"] = float(rounds[reached[0]]) if reached.size else float("nan")
+  return out
+
+
 def summary(metrics_rows, algorithms_order, statistic: str = "last10"):
   """Per algorithm: the mean over the seeds whose run did not diverge (and its std) of each
-  seed's `run_statistic` of its test accuracies (default: the mean of its last 10
-  evaluations, as the papers report; NaN where every run diverged); `statistic` says which
-  (`statistic_text`), `last_evaluations` how many evaluations it was taken over (the fewest
-  of any seed; 0 where none was), `seeds` how many seeds were averaged and `diverged` how
-  many were left out because their run diverged (a `diverged_round` in its rows)."""
+  seed's statistic of its test accuracies (`seed_statistics`; default: the mean of its
+  last 10 evaluations, as the papers report; NaN where every run diverged); with a
+  validation split (val_accuracy in the rows) the same of its validation accuracies
+  (val_accuracy, val_accuracy_std_over_seeds), and `best` then picks each run's round by
+  validation. `statistic` says which (`statistic_text`), `last_evaluations` how many
+  evaluations it was taken over (the fewest of any seed; 0 where none was), `seeds` how
+  many seeds were averaged, `diverged` how many were left out because their run diverged
+  (a `diverged_round` in its rows), `rounds_to_95` the mean over seeds of the first round
+  reaching 95% of the statistic, and the cost columns of its rows (COST) where they have
+  them."""
   table = []
+  nan = float("nan")
   for name in algorithms_order:
-    per_seed, diverged = {}, set()
+    per_seed, diverged, cost = {}, set(), {}
     for r in metrics_rows:
-      if r["algorithm"] == name and r.get("diverged_round"):
+      if r["algorithm"] != name:
+        continue
+      cost = cost or {k: r[k] for k in COST if k in r}
+      if r.get("diverged_round"):
         diverged.add(r["seed"])
-      elif r["algorithm"] == name and r.get("test_accuracy") is not None:
-        per_seed.setdefault(r["seed"], []).append((r["round"], r["test_accuracy"]))
-    finals = [run_statistic([a for _, a in sorted(v)], statistic) for v in per_seed.values()]
+      elif r.get("test_accuracy") is not None:
+        per_seed.setdefault(r["seed"], []).append(
+            (r["round"], r["test_accuracy"], r.get("val_accuracy")))
+    finals = [seed_statistics(sorted(v, key=lambda e: e[0]), statistic)
+              for v in per_seed.values()]
     evaluations = min(map(len, per_seed.values()), default=0)
-    nan = float("nan")
+    mean = lambda key: float(np.mean([f[key] for f in finals])) if finals else nan
+    std = lambda key: float(np.std([f[key] for f in finals])) if finals else nan
+    split = bool(finals) and all("val" in f for f in finals)
+    text = statistic_text(statistic, evaluations)
     table.append({"algorithm": name,
-                  "test_accuracy": float(np.mean(finals)) if finals else nan,
-                  "test_accuracy_std_over_seeds": float(np.std(finals)) if finals else nan,
-                  "statistic": statistic_text(statistic, evaluations),
+                  "test_accuracy": mean("test"),
+                  "test_accuracy_std_over_seeds": std("test"),
+                  **({"val_accuracy": mean("val"), "val_accuracy_std_over_seeds": std("val")}
+                     if split else {}),
+                  "statistic": (f"test at the best validation of {evaluations} evaluations"
+                                if split and statistic == "best" else text),
                   "seeds": len(finals), "diverged": len(diverged),
                   "last_evaluations": min({"last10": LAST_EVALUATIONS, "last": 1,
-                                           "best": evaluations}[statistic], evaluations)})
+                                           "best": evaluations}[statistic], evaluations),
+                  "rounds_to_95": float(np.nanmean([f["rounds_to_95"] for f in finals]))
+                  if finals and not all(np.isnan(f["rounds_to_95"]) for f in finals) else nan,
+                  **cost})
   return table
 
 

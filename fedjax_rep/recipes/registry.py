@@ -26,11 +26,12 @@ class Recipe:
 
   run(config, seeds, unit, progress) -> rows (list of dicts, one per algorithm x seed x round);
   `unit(name, compute)` caches a unit of work (see outputs.RunDir.unit).
-  traced: configuration keys (scalar numbers) that run sweeps inside one program. When a grid
-  sweeps some of them, run is called as run(config, seeds, unit, progress, grid=[{KEY: value},
-  ...]): one dict per combination of the swept traced keys, `config` holding their unswept
-  values; it returns the rows of every combination, each row carrying those keys as columns
-  with the values of its dict.
+  traced: configuration keys (scalar numbers, or traced options) that run sweeps inside one
+  program, or a function of the configuration returning them (e.g. the options its
+  algorithms declare: `neural.traced_keys`). When a grid sweeps some of them, run is called
+  as run(config, seeds, unit, progress, grid=[{KEY: value}, ...]): one dict per combination
+  of the swept traced keys, `config` holding their unswept values; it returns the rows of
+  every combination, each row carrying those keys as columns with the values of its dict.
   plot(rows, config, path) draws the paper-style figure into `path` (PNG).
   summarize(rows, config) -> rows of a summary table (written to `summary_file`), or None.
   mock_data(config) -> what mock data a configuration trains on instead of the recipe's
@@ -48,7 +49,7 @@ class Recipe:
   default_seeds: int = 1
   summarize: Callable | None = None
   summary_file: str = "summary.csv"
-  traced: tuple[str, ...] = ()
+  traced: tuple[str, ...] | Callable = ()
   mock_data: Callable | None = None
   rank: int = 1000
   docs: str = ""
@@ -60,7 +61,7 @@ RECIPES: dict[str, Recipe] = {}  # the recipes registered so far (see `all_recip
 def register(recipe: Recipe) -> Recipe:
   """Adds `recipe` to RECIPES; its traced keys must be scalar number fields of its config."""
   known = cfg.fields(recipe.config)
-  for key in recipe.traced:
+  for key in () if callable(recipe.traced) else recipe.traced:
     check = known[key].metadata["check"] if key in known else None
     if check is None or check.sequence or check.kind not in (int, float):
       raise ValueError(f"recipe {recipe.name}: traced key {key!r} is not a number field of "

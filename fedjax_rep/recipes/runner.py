@@ -24,6 +24,7 @@ from fedjax_rep.recipes import outputs
 from fedjax_rep.recipes import placement
 from fedjax_rep.recipes import plugins as plugins_lib
 from fedjax_rep.recipes import registry
+from fedjax_rep.recipes import selection
 
 
 def check_seeds(seeds) -> int:
@@ -59,7 +60,8 @@ def _sweep(recipe, config, seeds, grid, unit, progress) -> list[dict]:
       print(line, file=sys.stderr)
   if not grid:
     return recipe.run(config, seeds, unit=unit, progress=progress)
-  traced = {key: values for key, values in grid.items() if key in recipe.traced}
+  traced_keys = recipe.traced(config) if callable(recipe.traced) else recipe.traced
+  traced = {key: values for key, values in grid.items() if key in traced_keys}
   traced_grid = {"grid": cfg.combinations(traced)} if traced else {}
   combinations = {cfg.combination_label(c): c for c in cfg.combinations(grid)}
   rows = []
@@ -148,7 +150,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
                grid=(), out: str | None = None, progress: bool = True, overwrite: bool = False,
                checkpoint_rounds: int | None = None,
                checkpoint_seconds: float | None = checkpoint.DEFAULT_SECONDS,
-               plugins=()) -> str:
+               plugins=(), select: bool = False, confirm_seeds: int | None = None) -> str:
   """Runs recipe `name` over every combination of `grid` into a run directory.
 
   It writes metrics.csv, config.json (the grid, the code's revision, the plugins),
@@ -168,12 +170,22 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
     checkpoint_seconds: checkpoint every this many seconds (None: by rounds only).
     plugins: paths of Python files that register algorithms, imported first
       (`plugins.load_all`).
+    select: also choose, per algorithm, the grid's combination of the best validation
+      statistic (`selection`; needs validation_fraction > 0) and write selection.csv and
+      selection.png.
+    confirm_seeds: with select, run each choice again on this many fresh seeds (those after
+      the run's) and add its test statistic there to selection.csv.
 
   Returns:
     The run directory.
   """
   loaded = plugins_lib.load_all(plugins)
   recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
+  if select or confirm_seeds is not None:
+    if not select:
+      raise cfg.ConfigError("--confirm-seeds reruns the combinations that --select chooses: "
+                            "give --select too")
+    selection.check(config, grid, confirm_seeds)
   try:
     checkpoint.check_policy(checkpoint_rounds, checkpoint_seconds)
   except ValueError as error:
@@ -187,6 +199,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
                      "threefry": "flat" if threefry.flat() else "jax",
                      "threefry_scope": "process"},
             "job": job_record(config), "plugins": loaded,
+            **({"select": {"confirm_seeds": confirm_seeds}} if select else {}),
             **conventions_record(config, grid),
             "versions": outputs.versions()},
       overwrite=overwrite, every_rounds=checkpoint_rounds,
@@ -200,9 +213,43 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
                         first=("algorithm", *swept))
       written.append(recipe.summary_file)
     run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, grid), f))
-    run_dir.finish([*written, f"{name}.png"])
+    written.append(f"{name}.png")
+    if select:
+      entries = _summary(recipe, rows, config, grid)
+      chosen = selection.choose(entries, grid)
+      if confirm_seeds:
+        chosen = selection.confirmed(chosen, _confirm(recipe, config, seeds, grid, chosen,
+                                                      confirm_seeds, run_dir.unit, progress),
+                                     grid, confirm_seeds)
+      run_dir.write_csv("selection.csv", chosen, first=selection.setting_keys(chosen, grid))
+      run_dir.write("selection.png", lambda f: selection.plot(entries, chosen, grid, f))
+      written += ["selection.csv", "selection.png"]
+    run_dir.finish(written)
     _say_diverged(rows)
   return out
+
+
+def _confirm(recipe, config, seeds: int, grid: dict, chosen: list[dict], confirm_seeds: int,
+             unit, progress) -> list[dict]:
+  """The summary entries (with the swept keys) of each chosen combination (`selection.choose`'s
+  rows; of its algorithm alone where the recipe has `algorithms`) run again on
+  `confirm_seeds` fresh seeds, those after the run's `seeds`; units 'confirm-LABEL--...'."""
+  entries = []
+  runs = {}
+  for row in chosen:
+    combination = {key: row[key] for key in grid}
+    names = (row["algorithm"],) if hasattr(config, "algorithms") else None
+    runs.setdefault((cfg.combination_label(combination), names), combination)
+  for (label, names), combination in runs.items():
+    fresh = cfg.apply(config, combination)
+    fresh = dataclasses.replace(fresh, seed=config.seed + seeds,
+                                **({"algorithms": names} if names else {}))
+    prefix = f"confirm-{cfg.combination_label(combination, ',')}-{','.join(names or ())}--"
+    rows = recipe.run(fresh, confirm_seeds, unit=lambda n, c, p=prefix: unit(p + n, c),
+                      progress=progress)
+    entries += [{**entry, **combination}
+                for entry in recipe.summarize([{**r, **combination} for r in rows], fresh)]
+  return entries
 
 
 def _say_diverged(rows: list[dict]) -> None:
@@ -294,7 +341,8 @@ def _saved_items(saved_config: dict, grid: dict) -> list[str]:
 
 
 def replay(config_path: str) -> dict:
-  """The keywords of `run_to_dir` (name, quick, seeds, overrides, grid, plugins) that run
+  """The keywords of `run_to_dir` (name, quick, seeds, overrides, grid, plugins, select,
+  confirm_seeds) that run
   again the run that wrote `config_path` (its config.json): every configuration field as a
   --set item, checked as any, and the plugins it ran with. ConfigError when the file
   cannot be read or names no recipe; PluginError when a plugin is missing or changed."""
@@ -315,7 +363,10 @@ def replay(config_path: str) -> dict:
     raise cfg.ConfigError(f"{config_path} names recipe {name!r}, which is not one of "
                           f"{', '.join(registry.all_recipes())}") from None
   grid = saved.get("grid") or {}
+  select = saved.get("select")
   return {"name": name, "quick": bool(saved.get("quick")), "seeds": saved.get("seeds"),
+          "select": select is not None,
+          "confirm_seeds": select.get("confirm_seeds") if isinstance(select, dict) else None,
           "overrides": _saved_items(saved["config"], grid),
           "grid": {key: tuple(values) for key, values in grid.items()},
           "plugins": plugins_lib.recorded(saved.get("plugins"), config_path)}

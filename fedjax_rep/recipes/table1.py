@@ -133,27 +133,31 @@ def check_paired(config, *names: str) -> None:
                           f"same length; got {lengths}")
 
 
-def run(config, seeds: int, unit, progress, settings: list[dict], dataset, model) -> list:
-  """metrics.csv rows of every algorithm of config.algorithms in every setting.
+def run(config, seeds: int, unit, progress, settings: list[dict], dataset, model,
+        grid=None) -> list:
+  """metrics.csv rows of every algorithm of config.algorithms in every setting, and in
+  every combination of `grid` (traced keys: `neural.trained`).
 
-  dataset(setting, seed) -> ClientDatasets or FlatClients (laid out for config's devices:
-  `placement.laid_out`); model: the Classifier. Settings with equal num_clients run, with
-  every seed, as one program per algorithm (cached unit '<algorithm>-n<num_clients>')."""
+  dataset(setting, seed) -> ClientDatasets or FlatClients (with config's validation split,
+  `neural.validated`, then laid out for config's devices: `placement.laid_out`); model:
+  the Classifier. Settings with equal num_clients run, with every seed and combination, as
+  one program per algorithm (cached unit '<algorithm>-n<num_clients>')."""
   seed_values = list(range(config.seed, config.seed + seeds))
   groups = {}
   for setting in settings:
     groups.setdefault(setting["num_clients"], []).append(setting)
   rows = []
   for num_clients, group in groups.items():
-    data = federated.stack([placement.laid_out(dataset(s, seed), config) for s in group
-                            for seed in seed_values])
+    data = federated.stack([placement.laid_out(common.validated(dataset(s, seed), config, seed),
+                                               config) for s in group for seed in seed_values])
     group_keys = common.run_keys(seed_values, len(group))  # run i*seeds + j: setting i
     for name in config.algorithms:
-      result = common.trained(unit, f"{name}-n{num_clients}", name, config, model, data,
-                              group_keys, num_clients, progress)
-      for i, setting in enumerate(group):
-        part = common.runs(result, i * seeds, (i + 1) * seeds)
-        rows += common.rows(name, seed_values, part, **setting)
+      results = common.trained(unit, f"{name}-n{num_clients}", name, config, model, data,
+                               group_keys, num_clients, progress, grid)
+      for combination, result in zip(grid or [{}], results):
+        for i, setting in enumerate(group):
+          part = common.runs(result, i * seeds, (i + 1) * seeds)
+          rows += common.rows(name, seed_values, part, **setting, **combination)
   return rows
 
 
@@ -178,7 +182,8 @@ def shard_settings(config: ShardConfig) -> list[dict]:
           for n, s in zip(config.num_clients, config.classes_per_client)]
 
 
-def shard_run(config: ShardConfig, seeds, unit, progress, arrays, model) -> list[dict]:
+def shard_run(config: ShardConfig, seeds, unit, progress, arrays, model,
+              grid=None) -> list[dict]:
   """Rows of every algorithm on the pooled arrays (x, y, x_test, y_test) partitioned by
   `partition.classes` in every setting."""
   x, y, x_test, y_test = arrays
@@ -190,7 +195,7 @@ def shard_run(config: ShardConfig, seeds, unit, progress, arrays, model) -> list
         classes_per_client=setting["classes_per_client"], size_sigma=config.size_sigma)
     return federated.client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes)
 
-  return run(config, seeds, unit, progress, shard_settings(config), dataset, model)
+  return run(config, seeds, unit, progress, shard_settings(config), dataset, model, grid)
 
 
 def table(rows, config, dataset: str, settings: list[dict], paper: dict = PAPER) -> list[dict]:

@@ -47,21 +47,23 @@ class Config(common.Training):
 
 
 def data(config: Config, seed_values):
-  """The clients' datasets of every seed, stacked along a leading seed axis."""
-  return federated.stack([digits.federated(config.num_clients, config.partition,
-                                           config.classes_per_client, config.dirichlet_alpha,
-                                           seed=s) for s in seed_values])
+  """The clients' datasets of every seed (with config's validation split), stacked along a
+  leading seed axis."""
+  return federated.stack([common.validated(digits.federated(
+      config.num_clients, config.partition, config.classes_per_client,
+      config.dirichlet_alpha, seed=s), config, s) for s in seed_values])
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> list[dict]:
   seed_values = list(range(config.seed, config.seed + seeds))
   datasets = data(config, seed_values)
   model = models.make_model(config.model, digits.NUM_CLASSES, precision=config.precision)
   rows = []
   for name in config.algorithms:
-    result = common.trained(unit, name, name, config, model, datasets,
-                            common.run_keys(seed_values), config.num_clients, progress)
-    rows += common.rows(name, seed_values, result)
+    results = common.trained(unit, name, name, config, model, datasets,
+                             common.run_keys(seed_values), config.num_clients, progress, grid)
+    for combination, result in zip(grid or [{}], results):
+      rows += common.rows(name, seed_values, result, **combination)
   return rows
 
 
@@ -96,4 +98,4 @@ RECIPE = register(Recipe(
     summary="personalised FL on sklearn digits (offline): FedRep, FedPer, LG-FedAvg, FedAvg, "
             "FedAvg-FT, local; test accuracy vs rounds",
     config=Config, quick={"rounds": 40}, run=run, plot=plot, default_seeds=3,
-    summarize=summarize))
+    summarize=summarize, traced=common.traced_keys))

@@ -101,8 +101,9 @@ def seed_data(config: Config, seed: int):
   seen = digits.NUM_CLASSES - config.unseen_classes
   parts, test_parts = partition_lib.dirichlet(y[y < seen], y_test[y_test < seen],
                                               config.num_clients, config.dirichlet_alpha, seed)
-  clients = federated.client_datasets(x[y < seen], y[y < seen], parts, x_test[y_test < seen],
-                                      y_test[y_test < seen], test_parts, digits.NUM_CLASSES)
+  clients = common.validated(federated.client_datasets(
+      x[y < seen], y[y < seen], parts, x_test[y_test < seen], y_test[y_test < seen],
+      test_parts, digits.NUM_CLASSES), config, seed)
   rng = np.random.default_rng([seed, 1])  # apart from the partition's stream
   shuffles = [[rng.permutation(np.flatnonzero(y == c)) for c in range(seen, digits.NUM_CLASSES)]
               for _ in range(config.new_clients)]

@@ -19,6 +19,7 @@ import tempfile
 from fedjax_rep.data import leaf, tfds_data
 from fedjax_rep.nn import models
 from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import neural as common
 from fedjax_rep.recipes import table1
 from fedjax_rep.recipes.registry import Recipe, register
 
@@ -92,12 +93,12 @@ class Sent140Config(table1.Fields):
 DATASET_OF = {Cifar10Config: "cifar10", Cifar100Config: "cifar100"}
 
 
-def cifar_run(config: CifarConfig, seeds, unit, progress=True) -> list[dict]:
+def cifar_run(config: CifarConfig, seeds, unit, progress=True, grid=None) -> list[dict]:
   name = DATASET_OF[type(config)]
   arrays = tfds_data.load(name, mock_examples=config.mock_examples
                           if config.source == "mock" else None)
   model = models.make_model(f"{name}-cnn", precision=config.precision)
-  return table1.shard_run(config, seeds, unit, progress, arrays, model)
+  return table1.shard_run(config, seeds, unit, progress, arrays, model, grid)
 
 
 def _leaf_directory(dataset: str, config, users: int, tmp: str) -> str | None:
@@ -107,17 +108,17 @@ def _leaf_directory(dataset: str, config, users: int, tmp: str) -> str | None:
   return leaf.write_example(dataset, tmp, users, config.mock_examples, seed=config.seed)
 
 
-def femnist_run(config: FemnistConfig, seeds, unit, progress=True) -> list[dict]:
+def femnist_run(config: FemnistConfig, seeds, unit, progress=True, grid=None) -> list[dict]:
   with tempfile.TemporaryDirectory() as tmp:
     directory = _leaf_directory("femnist", config, 3 * max(config.num_clients), tmp)
     arrays = leaf.femnist_letters(max(config.num_clients) * config.samples_per_client,
                                   config.seed, directory)
   return table1.shard_run(config, seeds, unit, progress, arrays,
                           models.make_model("mlp", len(leaf.FEMNIST_LETTERS),
-                                            precision=config.precision))
+                                            precision=config.precision), grid)
 
 
-def sent140_run(config: Sent140Config, seeds, unit, progress=True) -> list[dict]:
+def sent140_run(config: Sent140Config, seeds, unit, progress=True, grid=None) -> list[dict]:
   """The users (so the vocabulary) are drawn once, from config.seed; seeds vary training."""
   glove_present, glove_path = leaf.glove_status()
   use_glove = config.glove == "auto" and glove_present
@@ -132,7 +133,7 @@ def sent140_run(config: Sent140Config, seeds, unit, progress=True) -> list[dict]
   model = models.make_model("sent140-lstm", 2, vocab_size=vocab_size, embeddings=embeddings,
                              precision=config.precision)
   return table1.run(config, seeds, unit, progress, sent140_settings(config),
-                    lambda setting, seed: data, model)
+                    lambda setting, seed: data, model, grid)
 
 
 def sent140_settings(config: Sent140Config) -> list[dict]:
@@ -153,6 +154,7 @@ def _register(dataset: str, title: str, config, run, settings, quick: dict, summ
                   run=run, plot=plot, default_seeds=1, summarize=summarize,
                   summary_file="table1.csv",
                   mock_data=lambda config: table1.mock_data(config, title), rank=140,
+                  traced=common.traced_keys,
                   docs="docs/papers/fedrep.md#table-1-neural-networks-on-real-data"))
 
 

@@ -19,6 +19,7 @@ import dataclasses
 from fedjax_rep.data import synthetic
 from fedjax_rep.nn import models
 from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import neural as common
 from fedjax_rep.recipes import table1
 from fedjax_rep.recipes.registry import Recipe, register
 
@@ -51,14 +52,14 @@ def settings(config: Config) -> list[dict]:
           for a, b in zip(config.alpha, config.beta)]
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> list[dict]:
   def dataset(setting, seed):
     return synthetic.federated(setting["alpha"], setting["beta"], config.num_clients, seed,
                                max_samples=config.max_samples,
                                test_fraction=config.test_fraction)
 
   model = models.make_model("synthetic-mlp", precision=config.precision)
-  return table1.run(config, seeds, unit, progress, settings(config), dataset, model)
+  return table1.run(config, seeds, unit, progress, settings(config), dataset, model, grid)
 
 
 def summarize(rows, config: Config):
@@ -81,4 +82,5 @@ RECIPE = register(Recipe(
             "(offline); table1.csv",
     config=Config, quick={"num_clients": 50, "rounds": 40, "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot,
-    default_seeds=3, summarize=summarize, summary_file="table1.csv"))
+    default_seeds=3, summarize=summarize, summary_file="table1.csv",
+    traced=common.traced_keys))

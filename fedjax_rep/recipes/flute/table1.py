@@ -20,6 +20,7 @@ from fedjax_rep.data import digits, tfds_data
 from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.recipes import config as cfg
+from fedjax_rep.recipes import neural as common
 from fedjax_rep.recipes import table1
 from fedjax_rep.recipes.registry import Recipe, register
 
@@ -90,7 +91,7 @@ def settings(config: Config) -> list[dict]:
   return table1.shard_settings(config)
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> list[dict]:
   if config.dataset == "digits":
     x, y, x_test, y_test = digits.load(config.seed)
     model = models.make_model("digits-mlp", digits.NUM_CLASSES, precision=config.precision)
@@ -98,7 +99,8 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
     x, y, x_test, y_test = tfds_data.load(
         config.dataset, mock_examples=config.mock_examples if config.source == "mock" else None)
     model = models.make_model(f"{config.dataset}-cnn", precision=config.precision)
-  return table1.shard_run(config, seeds, unit, progress, (x, y, x_test, y_test), model)
+  return table1.shard_run(config, seeds, unit, progress, (x, y, x_test, y_test), model,
+                          grid)
 
 
 def summarize(rows, config: Config):
@@ -129,4 +131,4 @@ RECIPE = register(Recipe(
            "rounds": 40, "eval_every": 2, "lr": 0.05, "client_group": 1,
            "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot, default_seeds=1, summarize=summarize, summary_file="table1.csv",
-    mock_data=mock_data))
+    mock_data=mock_data, traced=common.traced_keys))

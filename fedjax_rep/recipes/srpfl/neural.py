@@ -120,8 +120,8 @@ def data(config: Config, seed_values) -> federated.ClientDatasets:
   partition), stacked along a leading seed axis."""
   s = setting(config)
   if config.dataset == "digits":
-    return federated.stack([digits.federated(s["num_clients"], "classes",
-                                             s["classes_per_client"], seed=seed)
+    return federated.stack([common.validated(digits.federated(
+        s["num_clients"], "classes", s["classes_per_client"], seed=seed), config, seed)
                             for seed in seed_values])
   if config.dataset == "femnist":
     x, y, x_test, y_test = leaf.femnist_letters(s["num_clients"] * FEMNIST_SAMPLES, config.seed)
@@ -132,8 +132,8 @@ def data(config: Config, seed_values) -> federated.ClientDatasets:
     parts, test_parts = partition_lib.partition(
         "classes", y, y_test, num_clients=s["num_clients"], seed=seed,
         classes_per_client=s["classes_per_client"])
-    datasets.append(federated.client_datasets(x, y, parts, x_test, y_test, test_parts,
-                                              s["classes"]))
+    datasets.append(common.validated(federated.client_datasets(
+        x, y, parts, x_test, y_test, test_parts, s["classes"]), config, seed))
   return federated.stack(datasets)
 
 

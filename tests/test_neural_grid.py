@@ -1,0 +1,101 @@
+"""A neural grid as one program: the traced keys (lr, momentum, weight decay, the algorithms'
+options) of every combination run with the seeds as one vmapped program per algorithm
+program, with the numbers of the combinations run one at a time; chunks where memory is
+short; compiled once."""
+
+import numpy as np
+import pytest
+
+from fedjax_rep.data import digits, federated
+from fedjax_rep.nn import models
+from fedjax_rep.recipes import neural
+from fedjax_rep.recipes import runner
+
+SMALL = ["rounds=4", "eval_every=2", "algorithms=fedrep,fedavg", "num_clients=20"]
+GRID = {"lr": (0.01, 0.1), "momentum": (0.0, 0.5)}
+
+
+def by_run(rows, keys=("lr", "momentum")):
+  """{(algorithm, seed, round, *swept values): row}."""
+  return {(r["algorithm"], r["seed"], r["round"], *(r.get(k) for k in keys)): r for r in rows}
+
+
+def test_a_grid_of_traced_keys_is_one_program_with_the_numbers_of_each_setting(compiles):
+  rows, _ = runner.run("digits-personalized", quick=True, seeds=2, overrides=SMALL,
+                       grid=GRID, progress=False)
+  loops = [n for n in compiles.names if n == "jit(_run_chunk)"]
+  assert len(loops) == 1  # 4 settings x 2 seeds x 2 algorithms: one program
+  grid_rows = by_run(rows)
+  for lr in GRID["lr"]:
+    for momentum in GRID["momentum"]:
+      alone, _ = runner.run("digits-personalized", quick=True, seeds=2, progress=False,
+                            overrides=[*SMALL, f"lr={lr}", f"momentum={momentum}"])
+      for row in alone:
+        swept = grid_rows[(row["algorithm"], row["seed"], row["round"], lr, momentum)]
+        for key in ("train_loss", "test_accuracy"):
+          if key in row:
+            np.testing.assert_allclose(swept[key], row[key], rtol=2e-5, atol=1e-6,
+                                       err_msg=f"{key} lr={lr} momentum={momentum}")
+
+
+def test_an_option_of_the_algorithms_is_swept_in_the_same_program(compiles):
+  rows, _ = runner.run("digits-personalized", quick=True, seeds=1, progress=False,
+                       overrides=["rounds=2", "eval_every=1", "algorithms=fed-mtl",
+                                  "num_clients=10"],
+                       grid={"mtl_lambda": (0.0, 0.5), "lr": (0.01, 0.1)})
+  assert [n for n in compiles.names if n == "jit(_run_chunk)"] == ["jit(_run_chunk)"]
+  assert {(r["mtl_lambda"], r["lr"]) for r in rows} == {
+      (m, lr) for m in (0.0, 0.5) for lr in (0.01, 0.1)}
+  finals = {(r["mtl_lambda"], r["lr"]): r["test_accuracy"] for r in rows if r["round"] == 2}
+  assert len(set(finals.values())) > 1  # the options reached the program
+
+
+def test_settings_that_do_not_fit_run_in_chunks_of_one_program(capsys, compiles):
+  config = neural.Training()
+  data = federated.stack([digits.federated(10, "classes", 2, seed=s) for s in (0, 1)])
+  model = models.make_model("digits-mlp", digits.NUM_CLASSES)
+  own = neural.algorithm("fedrep", config, model, 10)
+  keys = neural.run_keys([0, 1])
+  settings = [neural.hparams_lib.hparams(lr) for lr in (0.01, 0.02, 0.05)]
+  _, per_run = neural.runs_that_fit(own, data, settings[0], keys, available=10**12)
+  unit = lambda name, compute: compute()
+  whole = neural.settings_unit(unit, "fedrep", own, data, settings, keys, 2, 1, False)
+  compiles.reset()
+  # Room for 2 runs (one setting of 2 seeds) at a time: 3 chunks of one setting.
+  chunked = neural.settings_unit(unit, "fedrep", own, data, settings, keys, 2, 1, False,
+                                 available=int(2.5 * per_run / 0.9))
+  assert "running them as 3 programs of 1 settings" in capsys.readouterr().err
+  assert [n for n in compiles.names if n == "jit(_run_chunk)"] == ["jit(_run_chunk)"]
+  assert len(chunked) == len(whole) == 3
+  for a, b in zip(whole, chunked):
+    np.testing.assert_allclose(a["metrics"]["train_loss"], b["metrics"]["train_loss"],
+                               rtol=2e-5)
+    np.testing.assert_allclose(a["eval"]["test_accuracy"], b["eval"]["test_accuracy"],
+                               atol=1e-6)
+
+
+def test_the_last_chunk_is_padded_to_the_same_program(compiles):
+  config = neural.Training()
+  data = federated.stack([digits.federated(10, "classes", 2, seed=0)])
+  model = models.make_model("digits-mlp", digits.NUM_CLASSES)
+  own = neural.algorithm("fedavg", config, model, 10)
+  keys = neural.run_keys([0])
+  settings = [neural.hparams_lib.hparams(lr) for lr in (0.01, 0.02, 0.05)]
+  _, per_run = neural.runs_that_fit(own, data, settings[0], keys, available=10**12)
+  unit = lambda name, compute: compute()
+  # Two settings a chunk: chunks of (0.01, 0.02) and (0.05, 0.05 padded).
+  results = neural.settings_unit(unit, "fedavg", own, data, settings, keys, 2, 1, False,
+                                 available=int(2.5 * per_run / 0.9))
+  assert len(results) == 3
+  assert [n for n in compiles.names if n == "jit(_run_chunk)"] == ["jit(_run_chunk)"]
+  assert all(r["metrics"]["train_loss"].shape == (1, 2) for r in results)
+
+
+@pytest.mark.parametrize("recipe", ["digits-personalized", "table1-synthetic",
+                                    "fedrep-table1-cifar10", "flute-table1"])
+def test_the_neural_recipes_trace_their_hparams_and_options(recipe):
+  from fedjax_rep.recipes import registry
+  found = registry.get(recipe)
+  config = registry.resolve(recipe, quick=True)
+  keys = found.traced(config)
+  assert {"lr", "momentum", "weight_decay"} <= set(keys)
