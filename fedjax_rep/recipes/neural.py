@@ -83,7 +83,8 @@ def summary_statistic(default="last10"):
   return cfg.choice(f"the statistic of each run's test accuracies that summary.csv, table1.csv "
                     f"and the figure report, then averaged over seeds: the mean of the last "
                     f"{LAST_EVALUATIONS} evaluations (the papers'; all where fewer), the last "
-                    f"evaluation, or the best", default, STATISTICS)
+                    f"evaluation, or the best (with a validation split: the test accuracy "
+                    f"at the round of the best validation accuracy)", default, STATISTICS)
 
 
 def validation_fraction(default=0.0):
