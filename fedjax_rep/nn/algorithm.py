@@ -10,8 +10,9 @@ state); `client_update(shared, personal, x, y, count, key, hparams, info)` -> (w
 sends, new personal params, mean loss); `server_update(shared, sent, weights, hparams,
 info)` -> (new shared params, new server state); `eval_params(...)` (the params a client
 is tested with). `info` (`RoundInfo`) carries the round index, the server state and the
-number of clients. Sharding: `sharded`; evaluation: `evaluation`; conventions:
-`conventions`; checks: `contract`.
+number of clients. What a round costs (`cost`): `server_sent` (the server state sent to
+clients) and `exchanged` (what a round moves outside the hooks). Sharding: `sharded`;
+evaluation: `evaluation`; conventions: `conventions`; checks: `contract`.
 """
 
 import dataclasses
@@ -66,6 +67,10 @@ class Personalized(ModelSteps):
   quick_compile: ClassVar[bool] = True
   # The metric the loop's blow-up bound watches (`core.protocols.Algorithm`): train_loss.
   tracked_metric: ClassVar[str | None] = None
+  # The keys of the server state (`initial_server`) that the server sends every sampled
+  # client with the shared params, because its `client_update` reads them (SCAFFOLD's
+  # control variate); the others (e.g. momentum) stay on the server (`cost.communication`).
+  server_sent: ClassVar[tuple[str, ...]] = ()
 
   # -- the hooks ---------------------------------------------------------------------------
   def labels(self, flat: dict) -> dict:
@@ -107,6 +112,15 @@ class Personalized(ModelSteps):
     """The flat params a client is tested with (default: shared + its personal ones)."""
     del x, y, count, key, hparams
     return params_lib.merge(shared, personal)
+
+  def exchanged(self, shared: dict, personal: dict) -> tuple:
+    """(up, down, share): what a sampled client uploads and downloads in a round besides
+    `client_update`'s `sent`, the shared params and the `server_sent` server state, as
+    pytrees of arrays or shapes (`shared` the server's, `personal` one client's), and the
+    share of rounds that exchange them (1.0: every round). For `cost.communication`; a
+    round that moves params outside the hooks says so here. Default: nothing."""
+    del shared, personal
+    return {}, {}, 1.0
 
   # -- the algorithm ---------------------------------------------------------------------
   def check(self, data, hparams: NNHparams) -> None:

@@ -17,6 +17,7 @@ the authors' code: docs/papers/fedrep.md.
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from optax import tree_utils as otu
@@ -86,6 +87,14 @@ class FedMTL(Personalized):
         state.replace(shared={**state.shared, **cohort}), key, data, hparams, rows, clients,
         info, mask)
     return trained.replace(shared=state.shared), sent, weights, losses
+
+  def exchanged(self, shared, personal):
+    """The client's round-start model (its params in W) up; the sum S of the cohort's and
+    their number m down (what `train_clients` hands `client_update` in `shared`)."""
+    model = regularised(personal)
+    down = {**{COHORT + p: v for p, v in model.items()},
+            COHORT_SIZE: jax.ShapeDtypeStruct((), jnp.float32)}
+    return model, down, 1.0
 
   def regulariser(self, w: dict, others: dict, m, hparams):
     """lambda (||W||_F^2 + tr(W Omega W^T)) as a function of one column w of W [p, m] (flat

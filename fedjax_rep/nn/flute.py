@@ -99,6 +99,11 @@ class Flute(Personalized):
       head, _ = head_trained(body, head)
     return body, head, loss
 
+  def exchanged(self, shared, personal):
+    """The head kernel H_i up and back down: the server's NC step moves the cohort's."""
+    head = {KERNEL: personal[KERNEL]}
+    return head, head, 1.0
+
   def nc_step(self, kernels: jax.Array, classes: jax.Array, trained: jax.Array) -> jax.Array:
     """The server's step: head kernels [c, F, C] of clients with classes [c, C] (bool) after
     one gradient step of size flute_server_lr on R = the mean of `nc_term` over the clients

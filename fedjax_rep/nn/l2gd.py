@@ -39,6 +39,11 @@ class L2GD(Personalized):
   def labels(self, flat):
     return params_lib.all_personal(flat)
 
+  def exchanged(self, shared, personal):
+    """In an averaging round (a share l2gd_p of the rounds) the client's model up and the
+    cohort's mean down; nothing in a local round."""
+    return personal, personal, self.l2gd_p
+
   def masked_round(self, state, key, data, hparams, clients, mask=None):
     key_coin, key_clients = jax.random.split(key)
     local_hparams = hparams.replace(lr=hparams.lr / (1 - self.l2gd_p))

@@ -27,6 +27,7 @@ CONTROL = "control/"
 @dataclasses.dataclass(frozen=True)
 class Scaffold(FedAvg):
   name: str = "scaffold"
+  server_sent = ("control",)  # c goes down with w; clients send w_i and c_i+ - c_i up
 
   def initial_parts(self, flat):
     return flat, {CONTROL + p: jnp.zeros_like(v) for p, v in flat.items()}
