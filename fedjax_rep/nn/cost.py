@@ -57,7 +57,7 @@ def one_run(data, hparams):
   runs = len(counts.shape) - 1
   data = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[runs:], a.dtype), data)
   x, y, count = data.client_spec()
-  m = max(int(np.max(counts)), 1) if checks.concrete(counts) else x.shape[0]
+  m = max(int(np.max(np.asarray(counts))), 1) if checks.concrete(counts) else x.shape[0]
   n = data.num_clients
   spec = lambda a, *shape: jax.ShapeDtypeStruct((n, *shape), a.dtype)
   padded = federated.ClientDatasets(

@@ -13,6 +13,7 @@ from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import contract as nn_contract
 from fedjax_rep.nn import conventions as conventions_lib
+from fedjax_rep.nn import cost as cost_lib
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import program as program_lib
@@ -277,22 +278,28 @@ def trained(unit, unit_name, name, config, model, data, keys, num_clients, progr
             grid=None) -> list[dict]:
   """`trained_unit` of algorithm `name` (`algorithm`) for config.rounds rounds, once per
   combination of `grid` (dicts of traced keys, `traced_keys`; None: config's own values),
-  as a list of results in the grid's order. Run by the program that it shares with the
-  others of config.algorithms (`nn.program`), when there are any (one compilation for all
-  of them), with the flags of config's conventions that the program takes. A grid's G
-  combinations run with every run of `data` as one program of G x runs runs (hparams
-  stacked, data and keys tiled: `settings_unit`)."""
+  as a list of results in the grid's order, each with its `cost` (COST: `nn.cost` of the
+  algorithm itself, flops_per_round at config's values, a cached unit). Run by the
+  program that it shares with the others of config.algorithms (`nn.program`), when there
+  are any (one compilation for all of them), with the flags of config's conventions that
+  the program takes. A grid's G combinations run with every run of `data` as one program
+  of G x runs runs (hparams stacked, data and keys tiled: `settings_unit`)."""
   peers = [algorithm(n, config, model, num_clients) for n in getattr(config, "algorithms", ())]
   own = algorithm(name, config, model, num_clients)
+  settings = [cfg.apply(config, combination) for combination in grid or [{}]]
+  programs = [shared_program(s, own, hparams(s), peers, data) for s in settings]
   if not grid:
-    program, program_hparams = shared_program(config, own, hparams(config), peers, data)
-    return [trained_unit(unit, unit_name, program, data, program_hparams, keys,
-                         config.rounds, config.eval_every, progress)]
-  programs = [shared_program(cfg.apply(config, combination), own,
-                             hparams(cfg.apply(config, combination)), peers, data)
-              for combination in grid]
-  return settings_unit(unit, unit_name, programs[0][0], data, [h for _, h in programs], keys,
-                       config.rounds, config.eval_every, progress)
+    program, program_hparams = programs[0]
+    results = [trained_unit(unit, unit_name, program, data, program_hparams, keys,
+                            config.rounds, config.eval_every, progress)]
+  else:
+    results = settings_unit(unit, unit_name, programs[0][0], data, [h for _, h in programs],
+                            keys, config.rounds, config.eval_every, progress)
+  flops = unit(f"{unit_name}-flops", lambda: {"flops_per_round": np.float64(
+      cost_lib.round_flops(own, data, hparams(config)))})["flops_per_round"]
+  return [{**result, "cost": {**cost_lib.communication(own, data, hparams(s)),
+                              "flops_per_round": float(flops)}}
+          for result, s in zip(results, settings)]
 
 
 # Of one run's state, the copies a chunk holds at once (the carried state, the new one, the
@@ -355,22 +362,26 @@ def run_keys(seed_values, repeats: int = 1) -> jax.Array:
 
 
 def runs(result, start: int, stop: int) -> dict:
-  """The runs start..stop-1 of a `trained` result (eval_rounds are shared)."""
+  """The runs start..stop-1 of a `trained` result (eval_rounds and cost are shared)."""
   pick = lambda tree: jax.tree.map(lambda a: np.asarray(a)[start:stop], tree)
   return {"metrics": pick(result["metrics"]), "eval_rounds": result["eval_rounds"],
-          "eval": pick(result["eval"])}
+          "eval": pick(result["eval"]), **({"cost": result["cost"]} if "cost" in result else {})}
 
 
 def rows(name, seed_values, result, **columns):
   """metrics.csv rows of one algorithm: every round has train_loss; the evaluated rounds
   also the evaluation's metrics (`nn.algorithm.accuracy_metrics`: test_accuracy,
-  test_accuracy_weighted, test_accuracy_std, test_accuracy_p10, test_clients, an integer)."""
+  test_accuracy_weighted, test_accuracy_std, test_accuracy_p10, test_clients, an integer;
+  the val_ ones with a validation split); every round the result's `cost` (COST), where
+  it has one."""
   out = shared.round_rows(name, seed_values, result["metrics"], **columns)
   rounds = result["metrics"]["train_loss"].shape[1]
   for e, t in enumerate(np.asarray(result["eval_rounds"])):
     for s in range(len(seed_values)):
       row = out[s * rounds + int(t) - 1]
       row.update({k: np.asarray(v)[s, e].item() for k, v in result["eval"].items()})
+  for row in out:
+    row.update(result.get("cost", {}))
   return out
 
 
