@@ -4,7 +4,8 @@ there is (an accelerator if jax has one, else the CPU).
 Parts, in this order, each giving rows of the output:
   matmul  the device's float32 matmul rate (nn_round.matmul_gflops: [8192, 8192] squared on
           an accelerator, [2048, 2048] on the CPU; jax's default matmul precision, as the
-          model runs), the denominator of every "of matmul";
+          tf32 model runs: TF32 on NVIDIA GPUs that have it), the denominator of every "of
+          matmul";
   e2e     FedRep, (n, S) = (100, 2), 100 rounds end to end through `core.loop.run` as the
           Table-1 recipe runs them: participation 0.1 (a cohort of 10), 10 head epochs then 1
           body epoch, batch 10, SGD lr 0.01, momentum 0.5, weight decay 1e-4, every client
@@ -15,12 +16,13 @@ Parts, in this order, each giving rows of the output:
   cohort  nn_round's FedAvg round of 100 clients x 500 samples on the CIFAR-10 CNN
           (`nn_round.benchmark_model`): the cohort vmapped in client groups of several sizes
           against a per-client loop of jitted calls, on the same device.
-The e2e and round parts run once per precision of `--precision` (float32, the default, and/or
-bf16: `make_model`'s mixed precision, bfloat16 computation with float32 parameters), in that
-order, each row naming its precision; with both, the bf16 rows' seconds per round over the
-float32 rows' are printed. The cohort part runs in float32. `--parts` picks the parts after
-matmul: `fedrep` (e2e and round) and/or `cohort`, e.g. to split the suite over two calls where
-one command's time is limited.
+The e2e and round parts run once per precision of `--precision` (`make_model`'s: float32, the
+default, every matmul and conv at float32 on every backend; tf32, at jax's default matmul
+precision, TF32 on NVIDIA GPUs that have it; bf16, mixed precision, bfloat16 computation with
+float32 parameters), in that order, each row naming its precision; with float32 and another,
+the other's seconds per round over float32's are printed. The cohort part runs in float32.
+`--parts` picks the parts after matmul: `fedrep` (e2e and round) and/or `cohort`, e.g. to split
+the suite over two calls where one command's time is limited.
 The data are mock CIFAR-10 (it measures speed): standard normal 32x32x3 images, each client's
 labels drawn from its own S of the 10 classes, 50,000 / n training and 10,000 / n test samples
 per client (CIFAR-10's, split evenly). The client group is chosen from the device's free
@@ -31,7 +33,7 @@ device reports it (not the CPU), and the process's peak RSS, after each part.
 
   python benchmarks/gpu_suite.py                   # the full sizes (an accelerator: <= 8 min)
   python benchmarks/gpu_suite.py --toy --json rows.json   # every part at toy sizes
-  python benchmarks/gpu_suite.py --precision float32 bf16 # FedRep's parts in both precisions
+  python benchmarks/gpu_suite.py --precision float32 tf32 bf16  # FedRep's parts in each
   python benchmarks/gpu_suite.py --parts cohort           # matmul and the cohort part only
 """
 
@@ -253,7 +255,8 @@ def main():
                       help="every part at toy sizes (a few clients and samples, 4 rounds)")
   parser.add_argument("--precision", nargs="+", choices=tuple(PRECISIONS), default=["float32"],
                       help="the precisions of the e2e and round parts, run in this order "
-                           "(default: float32)")
+                           "(default: float32, float32 matmuls and convs on every backend; "
+                           "tf32: jax's default matmul precision)")
   parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                       help="the parts to run after matmul: fedrep (e2e and round, in each "
                            "precision) and/or cohort (default: both)")
@@ -268,7 +271,8 @@ def main():
   size = DEVICE_MATMUL_SIZE if accelerator() else 2048
   matmul = matmul_gflops(repeats=2 if args.toy else 5, size=size)
   rows = [{"part": "matmul", "size": size, "gflops": matmul, "load1": load()}]
-  print(f"matmul: {matmul:.0f} GFLOP/s (float32 {size}^3)", flush=True)
+  print(f"matmul: {matmul:.0f} GFLOP/s (float32 {size}^3, jax's default matmul precision)",
+        flush=True)
   hparams = nn_hparams(LR, MOMENTUM, WEIGHT_DECAY)
   fedrep_rows, cohort = [], []
   # The precisions in their order, each once; none without the fedrep part.
@@ -288,9 +292,10 @@ def main():
           f"evaluated every {fedrep_rows[0]['eval_every']}; round: one jitted round")
     print(format_fedrep(fedrep_rows))
     by = {(r["part"], r["precision"]): r["seconds_per_round"] for r in fedrep_rows}
-    if ("e2e", "bf16") in by and ("e2e", "float32") in by:
-      print("bf16 over float32, seconds per round: " + ", ".join(
-          f"{part} {by[part, 'bf16'] / by[part, 'float32']:.2f}" for part in ("e2e", "round")))
+    for other in precisions:
+      if other != "float32" and "float32" in precisions:
+        print(f"{other} over float32, seconds per round: " + ", ".join(
+            f"{part} {by[part, other] / by[part, 'float32']:.2f}" for part in ("e2e", "round")))
   if cohort:
     print(f"\nFedAvg round, {sizes['cohort']['clients']} clients x "
           f"{sizes['cohort']['samples']} samples: vmapped client groups against a per-client loop")

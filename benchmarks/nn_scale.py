@@ -26,7 +26,10 @@ Each (federation, n, implementation) runs in a fresh subprocess (peak RSS is a
 process-lifetime peak): the same round keys, hence the same cohorts
 (`core.cohort.sample_cohort`) and client keys, one untimed warm-up round after compiling,
 then --rounds timed rounds (their mean). The final bodies of the two are compared (relative
-error of the params and of their update).
+error of the params and of their update). The model computes at `--precision` (`make_model`'s:
+float32, the default, runs every matmul and conv at float32 on every backend; tf32 at jax's
+default matmul precision, TF32 on NVIDIA GPUs that have it; bf16 mixed precision); each row
+names it.
 
   python benchmarks/nn_scale.py --clients 1000 20000 --json /tmp/nn_scale.json
   python benchmarks/nn_scale.py --quick     # small n of each federation, 2 rounds: a smoke test
@@ -52,7 +55,7 @@ from fedjax_rep.core.cohort import cohort_size, sample_cohort
 from fedjax_rep.data import flat
 from fedjax_rep.data import synthetic
 from fedjax_rep.nn.hparams import hparams as nn_hparams
-from fedjax_rep.nn.models import make_model
+from fedjax_rep.nn.models import PRECISIONS, make_model
 from fedjax_rep.nn.registry import make_algorithm
 
 PARTICIPATION = 0.01
@@ -161,11 +164,12 @@ def cohorts(keys, n):
   return [np.asarray(sample_cohort(jax.random.split(k)[0], n, size)) for k in keys]
 
 
-def algorithm(federation, n, group):
-  """table1-synthetic's FedRep for the federation's model and n clients at participation
-  PARTICIPATION, clients trained `group` at a time, and hparams."""
+def algorithm(federation, n, group, precision="float32"):
+  """table1-synthetic's FedRep for the federation's model (at `make_model`'s `precision`)
+  and n clients at participation PARTICIPATION, clients trained `group` at a time, and
+  hparams."""
   tokens = {"vocab_size": VOCAB} if federation.name == "sent140" else {}
-  model = make_model(federation.model, federation.classes, **tokens)
+  model = make_model(federation.model, federation.classes, precision=precision, **tokens)
   alg = make_algorithm("fedrep", model=model, cohort=cohort_size(n, PARTICIPATION),
                        local_epochs=LOCAL_EPOCHS, head_epochs=HEAD_EPOCHS, batch_size=BATCH,
                        client_group=group)
@@ -180,7 +184,7 @@ def peak_rss_bytes():
 # --- the engine (a child process) ----------------------------------------------------------
 
 
-def run_engine(federation, n, seed, rounds, body_path, group):
+def run_engine(federation, n, seed, rounds, body_path, group, precision="float32"):
   """The engine on the federation's n clients in a flat store: compile, one warm-up round,
   `rounds` timed rounds; saves the final body to body_path; returns the child's result."""
   x, y, train_rows, test_rows = generate(federation, n, seed)
@@ -188,7 +192,7 @@ def run_engine(federation, n, seed, rounds, body_path, group):
   data = flat.segments(x, y, starts, train_rows, starts + train_rows, test_rows,
                        federation.classes)
   del x, y
-  alg, hparams = algorithm(federation, n, group)
+  alg, hparams = algorithm(federation, n, group, precision)
   state = jax.block_until_ready(alg.init(jax.random.key(seed + 2), data, hparams))
   initial = state.shared
   keys = round_keys(seed, rounds)
@@ -220,13 +224,13 @@ def padded_rows(a, rows):
   return out
 
 
-def run_loop(federation, n, seed, rounds, body_path, group):
+def run_loop(federation, n, seed, rounds, body_path, group, precision="float32"):
   """The per-client loop on the federation's n clients (their samples held once, as
   generated): the client update compiled for each size class the cohorts need, one warm-up
   round, `rounds` timed rounds; saves the final body; returns the child's result."""
   x, y, train_rows, test_rows = generate(federation, n, seed)
   starts = np.cumsum(train_rows + test_rows) - train_rows - test_rows
-  alg, hparams = algorithm(federation, n, group)
+  alg, hparams = algorithm(federation, n, group, precision)
   spec = jax.ShapeDtypeStruct(federation.input_shape, federation.input_dtype)
   shapes = types.SimpleNamespace(input_spec=lambda: spec, num_clients=n)  # what init reads
   state = alg.init(jax.random.key(seed + 2), shapes, hparams)
@@ -299,32 +303,33 @@ def body_errors(path, reference_path):
 # --- the parent ----------------------------------------------------------------------------
 
 
-def child(implementation, federation, n, seed, rounds, body_path, group):
+def child(implementation, federation, n, seed, rounds, body_path, group, precision="float32"):
   """Runs one measurement in a fresh process; its result (a dict), or {'error': text}."""
   run = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", implementation,
                         "--data", federation.name, "--clients", str(n), "--seed", str(seed),
                         "--rounds", str(rounds), "--body", body_path,
-                        "--client-group", str(group)],
+                        "--client-group", str(group), "--precision", precision],
                        capture_output=True, text=True)
   if run.returncode != 0:
     return {"error": f"exit {run.returncode}: {run.stderr.strip()[-2000:]}"}
   return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def measure(federation, n, seed, rounds, workdir, group):
+def measure(federation, n, seed, rounds, workdir, group, precision="float32"):
   """The row of the federation's n clients: sizes, memory estimates, the engine and the
-  loop, and the loop's error against the engine."""
+  loop (both at `precision`), and the loop's error against the engine."""
   row = {"data": federation.name, "n": n, "cohort": cohort_size(n, PARTICIPATION),
-         "client_group": group, "rounds": rounds, **memory_estimates(federation, n, seed)}
+         "client_group": group, "rounds": rounds, "precision": precision,
+         **memory_estimates(federation, n, seed)}
   loop_body, engine_body = (os.path.join(workdir, f"{name}-{federation.name}-{n}.npz")
                             for name in ("loop", "engine"))
   print(f"[{federation.name} n={n}] max size {row['max_size']}, raw "
         f"{row['raw_data_bytes'] / 2**30:.2f} GiB, padded "
         f"{row['padded_data_bytes'] / 2**30:.2f} GiB; load {os.getloadavg()[0]:.2f}",
         flush=True)
-  engine = child("engine", federation, n, seed, rounds, engine_body, group)
+  engine = child("engine", federation, n, seed, rounds, engine_body, group, precision)
   print(f"[{federation.name} n={n}] engine: {engine}", flush=True)
-  loop = child("loop", federation, n, seed, rounds, loop_body, group)
+  loop = child("loop", federation, n, seed, rounds, loop_body, group, precision)
   print(f"[{federation.name} n={n}] loop: {loop}", flush=True)
   row.update({k: engine.get(k) for k in ("seconds_per_round", "peak_rss_bytes")})
   if "error" in engine:
@@ -387,6 +392,9 @@ def main():
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--client-group", type=int, default=10,
                       help="clients the engine trains together in one vmap (default 10)")
+  parser.add_argument("--precision", choices=tuple(PRECISIONS), default="float32",
+                      help="the model's precision (make_model's; default float32: float32 "
+                           "matmuls and convs on every backend; tf32: jax's default)")
   parser.add_argument("--quick", action="store_true",
                       help="smoke test: Synthetic n = 100 and 200, 200 FEMNIST writers, "
                            "1,000 Sent140 users")
@@ -401,7 +409,7 @@ def main():
     run = run_engine if args.child == "engine" else run_loop
     federation = FEDERATIONS[args.data[0]]
     print(json.dumps(run(federation, args.clients[0], args.seed, rounds, args.body,
-                         args.client_group)))
+                         args.client_group, args.precision)))
     return
   runs = []
   for name in args.data:
@@ -416,10 +424,11 @@ def main():
   print("\n".join(machine_info()))
   print(f"started {now()}")
   print(f"FedRep at participation {PARTICIPATION}, {HEAD_EPOCHS} head + {LOCAL_EPOCHS} body "
-        f"epochs, batch {BATCH}, lr {LR}; 1 warm-up + {rounds} timed rounds", flush=True)
+        f"epochs, batch {BATCH}, lr {LR}, precision {args.precision}; 1 warm-up + {rounds} "
+        f"timed rounds", flush=True)
   with tempfile.TemporaryDirectory() as workdir:
-    rows = [measure(federation, n, args.seed, rounds, workdir, args.client_group)
-            for federation, n in runs]
+    rows = [measure(federation, n, args.seed, rounds, workdir, args.client_group,
+                    args.precision) for federation, n in runs]
   print(f"\nfinished {now()}\n")
   print(format_table(rows))
   if args.json:

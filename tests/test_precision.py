@@ -1,6 +1,7 @@
-"""Mixed precision (`make_model(..., precision='bf16')`, the recipes' `precision` setting):
-the default is today's float32 program; bf16 computes in bfloat16 with float32 params,
-gradients, optimiser state and outputs."""
+"""Precision (`make_model(..., precision=...)`, the recipes' `precision` setting): the
+default 'float32' runs every matmul and conv, forward and backward, at
+jax.lax.Precision.HIGHEST (on the CPU the same numbers as jax's default, 'tf32'); bf16
+computes in bfloat16 with float32 params, gradients, optimiser state and outputs."""
 
 import csv
 import dataclasses
@@ -21,6 +22,7 @@ from fedjax_rep.nn.conv import conv_im2col, max_pool2
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import neural as common
 from fedjax_rep.recipes import registry
+from fedjax_rep.recipes import runner
 
 INPUTS = {"digits-mlp": (8, 8, 1), "digits-cnn": (8, 8, 1), "cifar10-cnn": (32, 32, 3),
           "synthetic-mlp": (60,), "sent140-lstm": (12,)}
@@ -65,10 +67,11 @@ def _submodules(model):
 def test_default_precision_is_float32_throughout(name):
   """The default (and precision='float32') leaves every module's dtype unset, as before the
   option existed: a forward pass casts nothing (the body models' jaxpr has no
-  convert_element_type) and nothing is bfloat16."""
+  convert_element_type) and nothing is bfloat16; its matmul precision is HIGHEST."""
   model = _model(name)
   assert model == _model(name, "float32")
   assert all(m.dtype is None for m in _submodules(model))
+  assert all(m.precision == jax.lax.Precision.HIGHEST for m in _submodules(model))
   params = _params(model, name)
   jaxpr = str(jax.make_jaxpr(model.apply)({"params": params}, _inputs(name)))
   assert "bf16" not in jaxpr
@@ -101,12 +104,80 @@ def _cnn_reference(params, x):
     ("cifar10-cnn", _cnn_reference, {"conv_impl": "im2col"}),
 ])
 def test_default_precision_logits_are_bit_identical_to_float32_reference(name, reference, kw):
+  """The same logits as the forward pass written out, with float32 matmuls (HIGHEST)."""
   model = _model(name, **kw)
   params = _params(model, name)
   x = _inputs(name)
   logits = jax.jit(model.apply)({"params": params}, x)
   assert logits.dtype == jnp.float32
-  np.testing.assert_array_equal(logits, jax.jit(reference)(params, x))
+  with jax.default_matmul_precision("highest"):
+    want = jax.jit(reference)(params, x)
+  np.testing.assert_array_equal(logits, want)
+
+
+# The models (and conv lowerings) whose lowered programs the precision tests inspect.
+LOWERED = [("digits-mlp", {}), ("synthetic-mlp", {}), ("digits-cnn", {"conv_impl": "xla"}),
+           ("cifar10-cnn", {"conv_impl": "im2col"}), ("cifar10-cnn", {"conv_impl": "xla"}),
+           ("sent140-lstm", {})]
+
+
+def _matmuls(model, name):
+  """The dot_general and convolution lines of the lowered (StableHLO) text of the model's
+  forward pass and of the gradient of a loss of its logits, in that order."""
+  params, x = _params(model, name), _inputs(name, batch=4)
+  y = jnp.arange(4) % model.num_classes
+  loss = lambda p: train.cross_entropy(model.apply({"params": p}, x), y, jnp.ones(4))
+  texts = (jax.jit(lambda p: model.apply({"params": p}, x)).lower(params).as_text(),
+           jax.jit(jax.grad(loss)).lower(params).as_text())
+  return [[line for line in text.splitlines()
+           if re.search(r"stablehlo\.(dot_general|convolution)", line)] for text in texts]
+
+
+@pytest.mark.parametrize("name,kw", LOWERED)
+def test_float32_runs_every_matmul_and_conv_at_highest_precision(name, kw):
+  """'float32': every dot and conv of the forward pass and of the gradient lowers with
+  precision HIGHEST (float32 products on every backend, also under a lower default matmul
+  precision); 'tf32' and 'bf16' leave every one at the default."""
+  for precision in models.PRECISIONS:
+    for lines in _matmuls(_model(name, precision, **kw), name):
+      assert lines
+      highest = [line for line in lines if "HIGHEST" in line]
+      assert highest == (lines if precision == "float32" else []), (precision, lines)
+  with jax.default_matmul_precision("bfloat16"):
+    forward, backward = _matmuls(_model(name, "float32", **kw), name)
+  assert all("HIGHEST" in line for line in forward + backward)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's float32 dots only")
+@pytest.mark.parametrize("name,kw", LOWERED)
+def test_float32_and_tf32_are_bit_identical_on_the_cpu(name, kw):
+  """On the CPU, jax's default matmul precision is float32: 'float32' (HIGHEST) and 'tf32'
+  give the same logits and gradients, bit for bit."""
+  results = []
+  for precision in ("float32", "tf32"):
+    model = _model(name, precision, **kw)
+    params, x = _params(model, name), _inputs(name)
+    y = jnp.arange(16) % model.num_classes
+    loss = lambda p, m=model: train.cross_entropy(m.apply({"params": p}, x), y, jnp.ones(16))
+    results.append((jax.jit(model.apply)({"params": params}, x),
+                    jax.jit(jax.grad(loss))(params)))
+  jax.tree.map(np.testing.assert_array_equal, *results)
+
+
+def test_precision_record():
+  assert [models.precision_record(p) for p in models.PRECISIONS] == [
+      {"name": "float32", "matmul": "highest"}, {"name": "tf32", "matmul": "default"},
+      {"name": "bf16", "matmul": "bfloat16"}]
+  with pytest.raises(ValueError, match=r"unknown precision 'fp16'; expected one of float32, "
+                                       r"tf32, bf16"):
+    models.precision_record("fp16")
+  config = fr.resolve("digits-personalized")
+  assert runner.precision_record(config, {}) == {
+      "precision": {"name": "float32", "matmul": "highest"}}
+  assert runner.precision_record(config, {"precision": ("float32", "bf16")}) == {
+      "precision": [{"name": "float32", "matmul": "highest"},
+                    {"name": "bf16", "matmul": "bfloat16"}]}
+  assert runner.precision_record(registry.get("fedrep-fig3").config(), {}) == {}
 
 
 @pytest.mark.parametrize("name", sorted(INPUTS))
@@ -159,7 +230,7 @@ def test_bf16_logits_and_gradients_close_to_float32(name, kw):
 
 def test_unknown_precision_is_a_value_error():
   with pytest.raises(ValueError, match=r"unknown precision 'fp16'; expected one of float32, "
-                                       r"bf16"):
+                                       r"tf32, bf16"):
     models.make_model("digits-mlp", precision="fp16")
 
 
@@ -195,22 +266,23 @@ def test_fedrep_round_with_bf16_keeps_float32_state():
 
 
 def test_precision_setting_of_every_neural_recipe(compiles):
-  """Every recipe that builds a model has `precision` (default float32, the models'
-  choices); bf16 is accepted and recorded in the config (config.json is its asdict); a
-  bad value is a ConfigError naming the key and the choices, before any compilation."""
-  assert cfg.fields(common.Training)["precision"].metadata["check"].choices == tuple(
-      models.PRECISIONS)
+  """Every recipe that builds a model has `precision` (default float32, choices among the
+  models', float32 and bf16 among them, the same for every recipe); bf16 is accepted and
+  recorded in the config (config.json is its asdict); a bad value is a ConfigError naming
+  the key and the choices, before any compilation."""
+  choices = cfg.fields(common.Training)["precision"].metadata["check"].choices
+  assert {"float32", "bf16"} <= set(choices) <= set(models.PRECISIONS)
   for recipe in NEURAL_RECIPES:
     field = cfg.fields(registry.get(recipe).config)["precision"]
     assert field.default == "float32"
-    assert field.metadata["check"].choices == ("float32", "bf16")
+    assert field.metadata["check"].choices == choices
   config = fr.resolve("digits-personalized", overrides=["precision=bf16"])
   assert config.precision == "bf16" and dataclasses.asdict(config)["precision"] == "bf16"
   assert fr.resolve("digits-personalized").precision == "float32"
   with pytest.raises(fr.ConfigError, match=r"precision='fp16' is out of range: precision "
-                                           r"must be one of float32, bf16"):
+                                           r"must be one of " + ", ".join(choices)):
     fr.resolve("digits-personalized", overrides=["precision=fp16"])
-  with pytest.raises(fr.ConfigError, match=r"precision='half' is out of range.*float32, bf16"):
+  with pytest.raises(fr.ConfigError, match=r"precision='half' is out of range.*float32.*bf16"):
     fr.resolve("fedavg-ft-neural", overrides=["precision=half"])
   assert compiles.count == 0
 
@@ -218,13 +290,15 @@ def test_precision_setting_of_every_neural_recipe(compiles):
 @pytest.mark.slow
 def test_digits_recipe_trains_in_bf16_and_records_it(tmp_path):
   """A short bf16 digits-personalized run (FedRep, 10 rounds, one seed) learns and writes
-  precision into config.json."""
+  precision into config.json (the setting, and what ran: bfloat16 matmuls)."""
   out = str(tmp_path / "run")
   args = ["run", "digits-personalized", "--seeds", "1", "--out", out, "--no-progress",
           "--set", "precision=bf16", "--set", "algorithms=fedrep", "--set", "rounds=10"]
   assert cli.main(args) == 0
   with open(os.path.join(out, "config.json")) as f:
-    assert json.load(f)["config"]["precision"] == "bf16"
+    saved = json.load(f)
+  assert saved["config"]["precision"] == "bf16"
+  assert saved["precision"] == {"name": "bf16", "matmul": "bfloat16"}
   with open(os.path.join(out, "metrics.csv")) as f:
     accuracy = [float(r["test_accuracy"]) for r in csv.DictReader(f) if r["test_accuracy"]]
   assert len(accuracy) == 2 and np.isfinite(accuracy).all()  # rounds 5 and 10

@@ -34,24 +34,25 @@ def resolve_impl(impl: str) -> str:
   return impl
 
 
-def conv_im2col(x: jax.Array, kernel: jax.Array) -> jax.Array:
+def conv_im2col(x: jax.Array, kernel: jax.Array, precision=None) -> jax.Array:
   """VALID stride-1 conv [N, H', W', cout] of x [N, H, W, cin] by kernel [kh, kw, cin, cout].
 
   H' = H - kh + 1, W' = W - kw + 1. Patches [N, H', W', kh*kw*cin] are the shifted slices
   stacked in (i, j, c) order, the row-major order of the kernel's first three axes, so one
-  matmul finishes the conv.
+  matmul, at `precision` (a `jax.lax.Precision`; None: jax's default), finishes the conv.
   """
   kh, kw, cin, cout = kernel.shape
   h, w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
   patches = jnp.concatenate(
       [x[:, i:i + h, j:j + w, :] for i in range(kh) for j in range(kw)], axis=-1)
-  return patches @ kernel.reshape(kh * kw * cin, cout)
+  return jnp.matmul(patches, kernel.reshape(kh * kw * cin, cout), precision=precision)
 
 
-def conv_xla(x: jax.Array, kernel: jax.Array) -> jax.Array:
+def conv_xla(x: jax.Array, kernel: jax.Array, precision=None) -> jax.Array:
   """The same conv as `conv_im2col`, through `lax.conv_general_dilated` (NHWC, HWIO)."""
   return jax.lax.conv_general_dilated(x, kernel, (1, 1), "VALID",
-                                      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+                                      dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                      precision=precision)
 
 
 class Conv(nn.Module):
@@ -61,12 +62,16 @@ class Conv(nn.Module):
   float32. `impl` is 'im2col', 'xla' or 'auto' (see the module docstring). `dtype` is the
   computation dtype, as flax's `dtype`: None computes in the inputs' and params' dtype
   (float32); e.g. jnp.bfloat16 casts x, kernel and bias to it, so the conv and its output are
-  bfloat16 while the params (and their gradients) stay float32.
+  bfloat16 while the params (and their gradients) stay float32. `precision` is the conv's
+  `jax.lax.Precision`, as flax's `precision` (None: jax's default matmul precision, TF32 for
+  float32 on recent NVIDIA GPUs; HIGHEST: float32 products on every backend); the
+  gradient's convs and matmuls inherit it.
   """
   features: int
   kernel_size: Sequence[int] = (5, 5)
   impl: str = "auto"
   dtype: Any = None
+  precision: Any = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -78,7 +83,7 @@ class Conv(nn.Module):
     if self.dtype is not None:
       x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
     batch = x.shape[:-3]
-    y = conv(x.reshape(-1, *x.shape[-3:]), kernel) + bias
+    y = conv(x.reshape(-1, *x.shape[-3:]), kernel, self.precision) + bias
     return y.reshape(*batch, *y.shape[1:])
 
 

@@ -6,12 +6,13 @@ order (conv1, conv2, ..., fc1, fc2, ...; embed, lstm1, lstm2), so `params.layers
 layers in order. The CIFAR, MLP and Sent140 LSTM architectures follow FedRep's authors'
 code.
 
-Precision (`make_model(..., precision=...)`): 'float32' (the default) computes in float32;
-'bf16' is mixed precision through flax's `dtype` (`param_dtype` stays float32): every layer
-casts its inputs and params to bfloat16, so the forward and backward passes run in
-bfloat16, but the embedding is looked up in float32 (its rows cast) and the LSTM's carry
-(c, h) stays float32, as flax's LSTMCell keeps it. `features` and the logits are cast back
-to float32, so the loss, the gradients and the optimiser state are float32.
+Precision (`make_model(..., precision=...)`): 'float32' (the default) runs every matmul and
+conv, and so its gradient's, at `jax.lax.Precision.HIGHEST`: float32 on every backend; 'tf32'
+at jax's default matmul precision (TF32 on NVIDIA GPUs that have it, float32 on the CPU);
+'bf16' is mixed precision through flax's `dtype` (`param_dtype` float32): each layer casts its
+inputs and params to bfloat16, but the embedding is looked up in float32 (its rows cast) and
+the LSTM's carry (c, h) stays float32, as in flax's LSTMCell. `features` and the logits are
+float32, and so are the loss, the gradients and the optimiser state.
 """
 
 from collections.abc import Callable, Sequence
@@ -34,7 +35,8 @@ class Body(nn.Module):
   conv2, ...) followed by ReLU and a 2x2 max pool; then the example's axes are flattened and
   each entry of `fcs` is a dense layer (fc1, fc2, ...) followed by ReLU. With no convs it is
   an MLP. `dtype` is the layers' computation dtype (None: float32, the params' dtype;
-  jnp.bfloat16: bfloat16 activations and output from float32 inputs and params).
+  jnp.bfloat16: bfloat16 activations and output from float32 inputs and params), and
+  `precision` their matmuls' and convs' `jax.lax.Precision` (None: jax's default).
   """
   input_dtype: ClassVar[Any] = jnp.float32
   convs: Sequence[int]
@@ -43,6 +45,7 @@ class Body(nn.Module):
   conv_impl: str = "auto"
   example_axes: int = 3
   dtype: Any = None
+  precision: Any = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -50,12 +53,14 @@ class Body(nn.Module):
       raise ValueError(f"convs need image examples (example_axes 3), not {self.example_axes}")
     k = self.kernel_size
     for i, features in enumerate(self.convs):
-      conv = Conv(features, (k, k), self.conv_impl, self.dtype, name=f"conv{i + 1}")
+      conv = Conv(features, (k, k), self.conv_impl, self.dtype, self.precision,
+                  name=f"conv{i + 1}")
       x = max_pool2(nn.relu(conv(x)))
     lead = x.ndim - self.example_axes  # the example's size, not -1: batches may be empty
     x = x.reshape(*x.shape[:lead], int(np.prod(x.shape[lead:])))
     for i, features in enumerate(self.fcs):
-      x = nn.relu(nn.Dense(features, dtype=self.dtype, name=f"fc{i + 1}")(x))
+      x = nn.relu(nn.Dense(features, dtype=self.dtype, precision=self.precision,
+                           name=f"fc{i + 1}")(x))
     return x
 
 
@@ -74,10 +79,12 @@ class LSTM(nn.Module):
   bias [4H] -- so that the layer is one entry of `params.layers`. The input projection of
   all steps is one matmul before the recurrence. `dtype` is the computation dtype of the
   matmuls and gates (None: float32); the params and the recurrent state (c, h), and so the
-  output, stay float32, as in flax's LSTMCell with `dtype` set.
+  output, stay float32, as in flax's LSTMCell with `dtype` set. `precision` is the matmuls'
+  `jax.lax.Precision` (None: jax's default).
   """
   features: int
   dtype: Any = None
+  precision: Any = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -93,12 +100,14 @@ class LSTM(nn.Module):
       c, h = carry
       if self.dtype is not None:
         h = h.astype(self.dtype)
-      i, f, g, o = jnp.split(gates_x + h @ kernel_h, 4, axis=-1)
+      i, f, g, o = jnp.split(gates_x + jnp.matmul(h, kernel_h, precision=self.precision), 4,
+                             axis=-1)
       c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
       h = nn.sigmoid(o) * jnp.tanh(c)
       return (c, h), h
 
-    gates_x = jnp.moveaxis(x @ kernel_i + bias, -2, 0)  # [L, ..., 4H]
+    gates_x = jnp.moveaxis(jnp.matmul(x, kernel_i, precision=self.precision) + bias, -2,
+                           0)  # [L, ..., 4H]
     zeros = jnp.zeros((*x.shape[:-2], hidden), state_dtype)
     _, hs = jax.lax.scan(step, (zeros, zeros), gates_x)
     return jnp.moveaxis(hs, 0, -2)
@@ -114,7 +123,8 @@ class LSTMBody(nn.Module):
   its last nonzero token, and its features do not depend on anything after it. A sequence of
   padding only has zero features. Inputs of any dtype are cast to int32. `dtype` is the
   computation dtype (None: float32): the float32 embedding's rows are cast to it and the
-  LSTM layers compute in it (their state and output stay float32, see `LSTM`).
+  LSTM layers compute in it (their state and output stay float32, see `LSTM`), their
+  matmuls at `precision` (a `jax.lax.Precision`; None: jax's default).
   """
   input_dtype: ClassVar[Any] = jnp.int32
   vocab_size: int
@@ -122,6 +132,7 @@ class LSTMBody(nn.Module):
   lstms: Sequence[int] = (100, 100)
   embed_init: Callable[..., jax.Array] = nn.linear.default_embed_init
   dtype: Any = None
+  precision: Any = None
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -133,7 +144,7 @@ class LSTMBody(nn.Module):
     if self.dtype is not None:
       h = h.astype(self.dtype)  # gathered in float32: the table's gradient sums in float32
     for i, features in enumerate(self.lstms):
-      h = LSTM(features, self.dtype, name=f"lstm{i + 1}")(h)
+      h = LSTM(features, self.dtype, self.precision, name=f"lstm{i + 1}")(h)
     last = jnp.take_along_axis(h, jnp.maximum(lengths - 1, 0)[..., None, None], axis=-2)
     return jnp.where(lengths[..., None] > 0, last[..., 0, :], 0.0)
 
@@ -148,14 +159,17 @@ class Classifier(nn.Module):
   same). Whatever it is, the params are float32 and `features` and the logits are returned
   in float32: with jnp.bfloat16 the body and head compute in bfloat16 and their outputs
   are cast up, so losses and their gradients with respect to the params are float32.
+  `precision` is the head's `jax.lax.Precision` (None: jax's default; `make_model` gives
+  the body the same).
   """
   body: nn.Module
   num_classes: int
   dropout: float = 0.0
   dtype: Any = None
+  precision: Any = None
 
   def setup(self):
-    self.head = nn.Dense(self.num_classes, dtype=self.dtype)
+    self.head = nn.Dense(self.num_classes, dtype=self.dtype, precision=self.precision)
     self.drop = nn.Dropout(self.dropout)
 
   @property
@@ -205,8 +219,31 @@ MODELS: dict[str, str] = {
 }
 
 
-PRECISIONS: dict[str, Any] = {"float32": None, "bf16": jnp.bfloat16}
-"""`make_model`'s precisions -> the modules' computation dtype (None: float32 throughout)."""
+PRECISIONS: dict[str, tuple[Any, Any]] = {
+    "float32": (None, jax.lax.Precision.HIGHEST),
+    "tf32": (None, None),
+    "bf16": (jnp.bfloat16, None),
+}
+"""`make_model`'s precisions -> the modules' (computation dtype, matmul precision): dtype
+None is float32; precision None is jax's default matmul precision (see the module
+docstring)."""
+
+
+def _precision(precision: str) -> tuple[Any, Any]:
+  """PRECISIONS[precision]; ValueError naming the choices for an unknown one."""
+  if precision not in PRECISIONS:
+    raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+  return PRECISIONS[precision]
+
+
+def precision_record(precision: str) -> dict:
+  """What a run records of `make_model`'s `precision`: {"name": precision, "matmul": m},
+  m the matmuls' arithmetic: 'highest' (float32 products on every backend), 'default'
+  (jax's default matmul precision: TF32 on NVIDIA GPUs that have it) or 'bfloat16'."""
+  dtype, matmul = _precision(precision)
+  if dtype is not None:
+    return {"name": precision, "matmul": jnp.dtype(dtype).name}
+  return {"name": precision, "matmul": "default" if matmul is None else matmul.name.lower()}
 
 
 def _table_init(table: np.ndarray) -> Callable[..., jax.Array]:
@@ -248,9 +285,11 @@ def make_model(name: str, num_classes: int | None = None, conv_impl: str = "auto
     vocab_size: the token ids' range (sent140-lstm; required unless embeddings give it).
     embeddings: None (random, dimension 50) or a pretrained table [vocab_size, E] (e.g.
       GloVe) that initialises the (trainable) embedding of sent140-lstm.
-    precision: 'float32' (everything in float32) or 'bf16' (mixed precision: the forward
-      and backward passes of the body and head in bfloat16; params, gradients, logits and
-      features in float32; see the module docstring).
+    precision: one of PRECISIONS: 'float32' (everything in float32, every matmul and conv
+      at `jax.lax.Precision.HIGHEST`), 'tf32' (float32, the matmuls and convs at jax's
+      default precision: TF32 on NVIDIA GPUs that have it) or 'bf16' (mixed precision: the
+      forward and backward passes of the body and head in bfloat16; params, gradients,
+      logits and features in float32). See the module docstring.
 
   Returns:
     The Classifier (a flax module).
@@ -260,19 +299,17 @@ def make_model(name: str, num_classes: int | None = None, conv_impl: str = "auto
   """
   if name not in _SPECS:
     raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
-  if precision not in PRECISIONS:
-    raise ValueError(f"unknown precision {precision!r}; expected one of "
-                     f"{', '.join(PRECISIONS)}")
-  dtype = PRECISIONS[precision]
+  dtype, matmul = _precision(precision)
   body_cls, fields, default_classes, dropout = _SPECS[name]
   if body_cls is LSTMBody:
-    body = LSTMBody(**{**fields, **_token_fields(vocab_size, embeddings)}, dtype=dtype)
+    body = LSTMBody(**{**fields, **_token_fields(vocab_size, embeddings)}, dtype=dtype,
+                    precision=matmul)
   elif vocab_size is not None or embeddings is not None:
     raise ValueError(f"vocab_size and embeddings are options of token models, not of {name!r}")
   else:
-    body = Body(**fields, conv_impl=conv_impl, dtype=dtype)
+    body = Body(**fields, conv_impl=conv_impl, dtype=dtype, precision=matmul)
   return Classifier(body, default_classes if num_classes is None else num_classes, dropout,
-                    dtype)
+                    dtype, matmul)
 
 
 def init_params(model: Classifier, key: jax.Array, input_shape: Sequence[int], dtype=None):

@@ -15,6 +15,7 @@ from fedjax_rep.nn import contract as nn_contract
 from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import cost as cost_lib
 from fedjax_rep.nn import hparams as hparams_lib
+from fedjax_rep.nn import models
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import program as program_lib
 from fedjax_rep.nn import registry as nn_registry
@@ -101,9 +102,11 @@ def client_group(default=10):
 
 
 def precision(default="float32"):
-  return cfg.choice("the neural forward and backward passes in float32, or in bfloat16 "
-                    "(bf16: mixed precision; the params, gradients and optimiser state stay "
-                    "float32)", default, ("float32", "bf16"))
+  return cfg.choice("the neural forward and backward passes in float32 (every matmul and "
+                    "convolution at full float32, on every backend), tf32 (JAX's default "
+                    "matmul precision: TF32 on NVIDIA GPUs) or bfloat16 (bf16: mixed "
+                    "precision; the params, gradients and optimiser state stay float32)",
+                    default, tuple(models.PRECISIONS))
 
 
 def conventions(default=conventions_lib.PAPER):

@@ -200,7 +200,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
                      "threefry_scope": "process"},
             "job": job_record(config), "plugins": loaded,
             **({"select": {"confirm_seeds": confirm_seeds}} if select else {}),
-            **conventions_record(config, grid),
+            **conventions_record(config, grid), **precision_record(config, grid),
             "versions": outputs.versions()},
       overwrite=overwrite, every_rounds=checkpoint_rounds,
       every_seconds=checkpoint_seconds) as run_dir:
@@ -307,6 +307,18 @@ def conventions_record(config, grid: dict) -> dict:
   return {"conventions": {cfg.combination_label(combination): record(cfg.apply(config,
                                                                                combination))
                           for combination in cfg.combinations(grid)}}
+
+
+def precision_record(config, grid: dict) -> dict:
+  """What config.json records of a neural recipe's `precision` (`nn.models.precision_record`):
+  {"precision": {"name": ..., "matmul": "highest"|"default"|"bfloat16"}}, or a list of them,
+  one per value, where the grid sweeps it; {} for a recipe without it."""
+  if not hasattr(config, "precision"):
+    return {}
+  from fedjax_rep.nn import models  # neural recipes only: the linear ones never load it
+  if "precision" in grid:
+    return {"precision": [models.precision_record(p) for p in grid["precision"]]}
+  return {"precision": models.precision_record(config.precision)}
 
 
 def job_record(config) -> dict:
