@@ -17,6 +17,7 @@ the client's evaluation key (MASK_KEY). Departures from PFLlib: docs/papers/flut
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,12 +35,13 @@ BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 
 class ConditionalPolicy(nn.Module):
   """The CPN: policy inputs [b, F] -> scores [b, 2, F] (personal, global) =
-  ReLU(LayerNorm(fc(inputs))), fc: Dense F -> 2F."""
+  ReLU(LayerNorm(fc(inputs))), fc: Dense F -> 2F at the model's matmul `precision`."""
+  precision: Any = None
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
     f = inputs.shape[-1]
-    scores = nn.Dense(2 * f, name="fc")(inputs)
+    scores = nn.Dense(2 * f, precision=self.precision, name="fc")(inputs)
     scores = nn.relu(nn.LayerNorm(epsilon=1e-5, use_fast_variance=False, name="norm")(scores))
     return scores.reshape(*inputs.shape[:-1], 2, f)
 
@@ -101,14 +103,15 @@ class FedCP(Personalized):
     the model's and evaluation's keys, split(key)) in the shared params."""
     state = super().init(key, data, hparams)
     features = state.shared[GLOBAL_HEAD + "kernel"].shape[0]
-    cpn = ConditionalPolicy().init(jax.random.fold_in(key, 0), jnp.zeros((1, features)))
+    cpn = ConditionalPolicy(self.model.precision).init(jax.random.fold_in(key, 0),
+                                                       jnp.zeros((1, features)))
     cpn = {CPN + p: v for p, v in params_lib.flatten(cpn["params"]).items()}
     return state.replace(shared={**state.shared, **cpn})
 
   def policy(self, flat: dict, h: jax.Array, c: jax.Array) -> jax.Array:
     """The CPN's ('cpn/...' of flat) scores [b, 2, F] of features h [b, F], context c [F]."""
     cpn = params_lib.unflatten(renamed(flat, CPN, ""))
-    return ConditionalPolicy().apply({"params": cpn}, h * c)
+    return ConditionalPolicy(self.model.precision).apply({"params": cpn}, h * c)
 
   def ensemble(self, flat: dict, x: jax.Array, c: jax.Array, key: jax.Array,
                train_mode: bool = False):

@@ -40,7 +40,8 @@ class Scaffold(FedAvg):
     correction = {p: c[p] - personal[CONTROL + p] for p in shared}
 
     def loss(params, xb, yb, wb, k):
-      linear = sum(jnp.vdot(params[p], correction[p]) for p in params)
+      linear = sum(jnp.vdot(params[p], correction[p], precision=self.model.precision)
+                   for p in params)
       return self.loss(params, xb, yb, wb, k) + train.gradient_only(linear)
 
     trained, mean_loss = self.sgd(loss, shared, x, y, count, key, hparams, self.local_epochs)
