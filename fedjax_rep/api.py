@@ -16,6 +16,7 @@ from fedjax_rep.data.federated import ClientDatasets, client_datasets
 from fedjax_rep.data.federated import stack as stack_datasets
 from fedjax_rep.data.flat import FlatClients, flat_clients
 from fedjax_rep.data.partition import PARTITIONS, partition
+from fedjax_rep.data.validation import split as validation_split
 from fedjax_rep.core.tree import gather, scatter, stack
 from fedjax_rep.hetero.speeds import SpeedModel, dynamic_speeds, fixed_speeds, given_speeds
 from fedjax_rep.hetero.timed import (Timed, TimedHparams, TimedState, fixed_participants,

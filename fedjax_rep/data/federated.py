@@ -14,6 +14,8 @@ from fedjax_rep.core import struct
 from fedjax_rep.core import tree
 from fedjax_rep.data import flat
 
+VALIDATION_FIELDS = ("x_val", "y_val", "val_counts")  # ClientDatasets' validation split
+
 
 @struct.dataclass
 class ClientDatasets:
@@ -22,7 +24,9 @@ class ClientDatasets:
   x [n, m, *features] (the dtype of the input features: float32 images, int32 token ids),
   y [n, m] (int32 labels), counts [n] (int32 real samples);
   x_test [n, t, *features], y_test [n, t], test_counts [n] likewise (each client's test
-  samples come from its own label distribution). num_classes is static.
+  samples come from its own label distribution). num_classes is static. Optionally a
+  validation split carved from the training samples (`data.validation.split`): x_val [n, v,
+  *features], y_val [n, v], val_counts [n], all three None (the default) without one.
   """
   x: jax.Array
   y: jax.Array
@@ -31,6 +35,9 @@ class ClientDatasets:
   y_test: jax.Array
   test_counts: jax.Array
   num_classes: int = struct.static_field()
+  x_val: jax.Array | None = None
+  y_val: jax.Array | None = None
+  val_counts: jax.Array | None = None
 
   @property
   def num_clients(self) -> int:
@@ -41,9 +48,26 @@ class ClientDatasets:
     """m: the padded number of training samples per client."""
     return self.x.shape[1]
 
+  @property
+  def has_validation(self) -> bool:
+    """Whether the data have a validation split (x_val, y_val, val_counts)."""
+    return self.val_counts is not None
+
+  def validation_view(self) -> "ClientDatasets":
+    """The same clients with their validation split standing in as the test split (x_test,
+    y_test, test_counts = x_val, y_val, val_counts) and no validation split: what
+    `map_clients(..., test=True)` tests on validation rows with. Raises ValueError without a
+    validation split."""
+    if not self.has_validation:
+      raise ValueError("validation_view: these data have no validation split: make one with "
+                       "fr.validation_split(data, fraction, seeds)")
+    return self.replace(x_test=self.x_val, y_test=self.y_val, test_counts=self.val_counts,
+                        x_val=None, y_val=None, val_counts=None)
+
   def check_layout(self) -> None:
     """Raises ValueError unless the arrays' shapes agree: x [n, m, *features] with n, m >= 1,
-    y [n, m], counts [n], x_test [n, t, *features], y_test [n, t], test_counts [n]."""
+    y [n, m], counts [n], x_test [n, t, *features], y_test [n, t], test_counts [n], and
+    x_val [n, v, *features], y_val [n, v], val_counts [n] all given or all None."""
     if len(self.x.shape) < 2 or len(self.x_test.shape) < 2:
       raise ValueError(f"x and x_test must be [clients, rows, *features]; got x "
                        f"{tuple(self.x.shape)} and x_test {tuple(self.x_test.shape)}")
@@ -54,27 +78,40 @@ class ClientDatasets:
                     advice="the clients need training samples")
     shapes = {"y": (n, m), "counts": (n,), "x_test": (n, t, *self.x.shape[2:]),
               "y_test": (n, t), "test_counts": (n,)}
+    given = [name for name in VALIDATION_FIELDS if getattr(self, name) is not None]
+    if given and len(given) < len(VALIDATION_FIELDS):
+      raise ValueError(f"ClientDatasets has {', '.join(given)} but not all of x_val, y_val, "
+                       f"val_counts: pass the three of the validation split, or none")
+    if given:
+      if len(self.x_val.shape) < 2:
+        raise ValueError(f"x_val must be [clients, rows, *features]; got x_val "
+                         f"{tuple(self.x_val.shape)}")
+      v = self.x_val.shape[1]
+      shapes.update(x_val=(n, v, *self.x.shape[2:]), y_val=(n, v), val_counts=(n,))
     for name, shape in shapes.items():
       if tuple(getattr(self, name).shape) != shape:
         raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)} but x "
                          f"{tuple(self.x.shape)} needs {shape}: ClientDatasets holds x [clients, "
                          f"rows, *features], y [clients, rows], counts [clients], and the same "
-                         f"for the test split")
+                         f"for the test (and validation) split")
 
   def check(self, classes: int | None = None) -> None:
     """Raises ValueError on datasets no algorithm can train on: no clients or training rows,
-    shapes that disagree, counts outside [0, m] (test_counts: [0, t]), no training sample
-    at all, non-finite inputs and labels outside [0, classes) (default num_classes; a
-    model's outputs) naming the client and sample. Warns on clients without training
-    samples, without test samples (left out of the test metrics) or whose training inputs
-    are all zero. Values are checked where concrete (`core.checks`)."""
+    shapes that disagree, counts outside [0, m] (test_counts: [0, t]; val_counts: [0, v]),
+    no training sample at all, non-finite inputs and labels outside [0, classes) (default
+    num_classes; a model's outputs) naming the client and sample. Warns on clients without
+    training samples, without test samples (left out of the test metrics), without
+    validation samples where the data have a validation split (left out of the validation
+    metrics) or whose training inputs are all zero. Values are checked where concrete
+    (`core.checks`)."""
     classes = self.num_classes if classes is None else classes
     self.check_layout()
     n, m = self.x.shape[:2]
     t = self.x_test.shape[1]
-    for name in ("x", "x_test"):
+    validation = self.has_validation
+    for name in ("x", "x_test") + (("x_val",) if validation else ()):
       checks.finite(name, getattr(self, name), ("client", "sample"))
-    for name in ("y", "y_test"):
+    for name in ("y", "y_test") + (("y_val",) if validation else ()):
       labels = getattr(self, name)
       bad = np.argwhere((labels < 0) | (labels >= classes)) if checks.concrete(labels) else []
       if len(bad):
@@ -83,7 +120,10 @@ class ClientDatasets:
                          f"{client}, sample {sample}) is not a class in [0, {classes}) (the "
                          f"data's num_classes and the model's outputs); relabel the data or "
                          f"use a model with more classes")
-    for name, rows in (("counts", m), ("test_counts", t)):
+    splits = (("counts", m), ("test_counts", t))
+    if validation:
+      splits += (("val_counts", self.x_val.shape[1]),)
+    for name, rows in splits:
       counts = getattr(self, name)
       bad = np.flatnonzero((counts < 0) | (counts > rows)) if checks.concrete(counts) else []
       if len(bad):
@@ -103,6 +143,13 @@ class ClientDatasets:
       checks.warn(f"{len(untested)} of {n} clients have no test samples "
                   f"({checks.clients_text(untested)}): they are left out of the test metrics "
                   f"(test_clients counts the clients tested; NaN accuracies if none is)")
+    unvalidated = (np.flatnonzero(self.val_counts == 0)
+                   if validation and checks.concrete(self.val_counts) else [])
+    if len(unvalidated):
+      checks.warn(f"{len(unvalidated)} of {n} clients have no validation samples "
+                  f"({checks.clients_text(unvalidated)}): they are left out of the validation "
+                  f"metrics (val_clients counts the clients validated; NaN accuracies if none "
+                  f"is)")
     if np.issubdtype(self.x.dtype, np.inexact):
       real = np.arange(m) < self.counts[:, None]
       nonzero = checks.any_nonzero(self.x, tuple(range(2, self.x.ndim)))  # [n, m]
@@ -133,16 +180,23 @@ class ClientDatasets:
             jax.ShapeDtypeStruct((), self.counts.dtype))
 
   def map_clients(self, fn, per_client, clients: jax.Array, group: int | None,
-                  test: bool = False):
+                  test: bool = False, validation: bool = False):
     """fn(args, x [m, ...], y [m], count) for each of the clients `clients` [c], with its
     leaves of `per_client` (leading axis c) and its padded training data (test=True: also
-    x_test [t, ...], y_test [t], test_count), in groups of `group` (`tree.client_map`; each
-    group fetches its own clients' data). Returns fn's outputs, leaves [c, ...]."""
+    x_test [t, ...], y_test [t], test_count; validation=True: then also x_val [v, ...],
+    y_val [v], val_count), in groups of `group` (`tree.client_map`; each group fetches its
+    own clients' data). Returns fn's outputs, leaves [c, ...]."""
+    if validation and not self.has_validation:
+      raise ValueError("map_clients: validation=True but these data have no validation "
+                       "split: make one with fr.validation_split(data, fraction, seeds)")
+
     def client(args):
       client_args, i = args
       data = (self.x[i], self.y[i], self.counts[i])
       if test:
         data += (self.x_test[i], self.y_test[i], self.test_counts[i])
+      if validation:
+        data += (self.x_val[i], self.y_val[i], self.val_counts[i])
       return fn(client_args, *data)
 
     return tree.client_map(client, (per_client, clients), group)
@@ -151,8 +205,8 @@ class ClientDatasets:
 def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
   """One ClientDatasets with a leading axis over `datasets` (e.g. one per seed).
 
-  Each is padded with zero rows to the largest m and t among them. A list of FlatClients
-  is stacked by `flat.stack` instead (one FlatClients with a leading run axis).
+  Each is padded with zero rows to the largest m and t (and v) among them. A list of
+  FlatClients is stacked by `flat.stack` instead (one FlatClients with a leading run axis).
 
   Args:
     datasets: s >= 1 ClientDatasets of the same n clients, input shape and dtype and
@@ -160,12 +214,13 @@ def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
 
   Returns:
     ClientDatasets with x [s, n, m, ...], y [s, n, m], counts [s, n], x_test [s, n, t, ...],
-    y_test [s, n, t] and test_counts [s, n].
+    y_test [s, n, t] and test_counts [s, n]; with validation splits also x_val [s, n, v,
+    ...], y_val [s, n, v] and val_counts [s, n] (v: the largest among them).
 
   Raises:
     ValueError: no datasets, one that is not a ClientDatasets or whose shapes disagree
-      (`ClientDatasets.check_layout`), or datasets that differ in n, input shape or dtype, or
-      num_classes.
+      (`ClientDatasets.check_layout`), or datasets that differ in n, input shape or dtype,
+      num_classes, or in having a validation split.
   """
   one = isinstance(datasets, (ClientDatasets, flat.FlatClients))
   if not one and len(datasets) and all(isinstance(d, flat.FlatClients) for d in datasets):
@@ -188,15 +243,24 @@ def stack(datasets: list[ClientDatasets]) -> ClientDatasets:
         raise ValueError(f"stack: datasets[{i}] has {what} {value} but datasets[0] has "
                          f"{kinds(datasets[0])[what]}: stack datasets of the same clients, "
                          f"input shape and dtype and classes (e.g. one partition per seed)")
+    if d.has_validation != datasets[0].has_validation:
+      has = lambda d: "a validation split" if d.has_validation else "no validation split"
+      raise ValueError(f"stack: datasets[{i}] has {has(d)} but datasets[0] has "
+                       f"{has(datasets[0])}: split all of them (fr.validation_split) or none")
   size = max(d.x.shape[1] for d in datasets)
   test_size = max(d.x_test.shape[1] for d in datasets)
 
   def padded(a, to):
     return np.pad(np.asarray(a), [(0, 0), (0, to - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
 
+  validation = datasets[0].has_validation
+  val_size = max(d.x_val.shape[1] for d in datasets) if validation else 0
+  val = lambda d: dict(x_val=padded(d.x_val, val_size), y_val=padded(d.y_val, val_size)) if (
+      validation) else {}
   return tree.stack([d.replace(x=padded(d.x, size), y=padded(d.y, size),
                                 x_test=padded(d.x_test, test_size),
-                                y_test=padded(d.y_test, test_size)) for d in datasets])
+                                y_test=padded(d.y_test, test_size), **val(d))
+                     for d in datasets])
 
 
 def pad(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray], size: int | None = None):

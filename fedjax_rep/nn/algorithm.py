@@ -242,7 +242,8 @@ class Personalized(ModelSteps):
     return sums if self.devices is None else jax.lax.psum(sums, sharding.CLIENTS)
 
   def evaluate(self, state: NNState, data, hparams: NNHparams) -> dict:
-    """`evaluation.evaluate`: every client (or the last cohort) tested with its own params."""
+    """`evaluation.evaluate`: every client (or the last cohort) tested with its own params
+    (on its test set, and on its validation split where the data have one: val_*)."""
     sharded.check(self, data.num_clients)
     return evaluation.evaluate(self, state, data, hparams)
 
