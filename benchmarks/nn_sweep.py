@@ -176,7 +176,9 @@ def child(variant, count, args) -> dict:
 
 def measure(count, args) -> dict:
   """The row of `count` settings: both variants timed here (interleaved, after a first
-  run each), compared on the first repetition, then each in a process of its own."""
+  run each), compared on the first repetition, then each in a process of its own; the load
+  averages (1, 5, 15 min) before and after."""
+  load_before = list(os.getloadavg())
   runs = variants(args, count)
   for run in runs.values():  # compile, and warm
     run()
@@ -212,7 +214,8 @@ def measure(count, args) -> dict:
     row[f"setup_rss_bytes{suffix}"] = result.get("setup_rss_bytes")
     if "error" in result:
       row[f"error{suffix}"] = result["error"]
-  row.update({"max_abs_diff": difference, "load": list(os.getloadavg()),
+  row.update({"max_abs_diff": difference, "load_before": load_before,
+              "load": list(os.getloadavg()),
               "backend": jax.default_backend()})
   return row
 
@@ -257,8 +260,8 @@ def main():
   parser.add_argument("--eval-every", type=int, default=5,
                       help="evaluate every this many rounds (default 5)")
   parser.add_argument("--precision", choices=("float32", "bf16"), default="float32")
-  parser.add_argument("--repeats", type=int, default=5,
-                      help="timed repetitions of each variant, interleaved (default 5)")
+  parser.add_argument("--repeats", type=int, default=7,
+                      help="timed repetitions of each variant, interleaved (default 7)")
   parser.add_argument("--json", metavar="PATH", help="also write the rows as a JSON list")
   parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
   args = parser.parse_args()
