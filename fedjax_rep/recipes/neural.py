@@ -11,6 +11,7 @@ import numpy as np
 from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import partition as partition_lib
+from fedjax_rep.data import validation
 from fedjax_rep.nn import contract as nn_contract
 from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import cost as cost_lib
@@ -220,9 +221,6 @@ def hparams(config) -> hparams_lib.NNHparams:
 def validated(data, config, seed: int):
   """`data` (one seed's) with config's per-client validation split (`data.validation.split`
   of config.validation_fraction, drawn from `seed`); as it is where the fraction is 0."""
-  if not config.validation_fraction:
-    return data
-  from fedjax_rep.data import validation
   return validation.split(data, config.validation_fraction, seed)
 
 

@@ -231,22 +231,22 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
 
 def _confirm(recipe, config, seeds: int, grid: dict, chosen: list[dict], confirm_seeds: int,
              unit, progress) -> list[dict]:
-  """The summary entries (with the swept keys) of each chosen combination (`selection.choose`'s
-  rows; of its algorithm alone where the recipe has `algorithms`) run again on
-  `confirm_seeds` fresh seeds, those after the run's `seeds`; units 'confirm-LABEL--...'."""
-  entries = []
+  """The summary entries (with the swept keys) of the chosen combinations (`selection.choose`'s
+  rows) run again on `confirm_seeds` fresh seeds, those after the run's `seeds`: one run
+  of the recipe per combination, of the algorithms that chose it where the recipe has
+  `algorithms`; units 'confirm-KEY=VALUE,...--'."""
   runs = {}
   for row in chosen:
     combination = {key: row[key] for key in grid}
-    names = (row["algorithm"],) if hasattr(config, "algorithms") else None
-    runs.setdefault((cfg.combination_label(combination), names), combination)
-  for (label, names), combination in runs.items():
-    fresh = cfg.apply(config, combination)
-    fresh = dataclasses.replace(fresh, seed=config.seed + seeds,
-                                **({"algorithms": names} if names else {}))
-    prefix = f"confirm-{cfg.combination_label(combination, ',')}-{','.join(names or ())}--"
-    rows = recipe.run(fresh, confirm_seeds, unit=lambda n, c, p=prefix: unit(p + n, c),
-                      progress=progress)
+    label = cfg.combination_label(combination, ",")
+    runs.setdefault(label, (combination, {}))[1][row["algorithm"]] = None
+  entries = []
+  for label, (combination, names) in runs.items():
+    fresh = dataclasses.replace(cfg.apply(config, combination), seed=config.seed + seeds)
+    if hasattr(config, "algorithms"):
+      fresh = dataclasses.replace(fresh, algorithms=tuple(names))
+    rows = recipe.run(fresh, confirm_seeds, progress=progress,
+                      unit=lambda name, compute, p=f"confirm-{label}--": unit(p + name, compute))
     entries += [{**entry, **combination}
                 for entry in recipe.summarize([{**r, **combination} for r in rows], fresh)]
   return entries

@@ -12,8 +12,10 @@ import numpy as np
 from fedjax_rep.recipes import config as cfg
 from fedjax_rep.recipes import plotting
 
-# The columns of a summary entry (`neural.summary`) that are statistics, not a setting.
-STATISTICS = ("test_accuracy", "test_accuracy_std_over_seeds", "val_accuracy",
+# The columns of a summary entry (`neural.summary`) or of selection.csv that are results,
+# not a setting.
+RESULTS = ("combinations", "confirm_test_accuracy", "confirm_test_accuracy_std_over_seeds",
+           "confirm_seeds", "test_accuracy", "test_accuracy_std_over_seeds", "val_accuracy",
               "val_accuracy_std_over_seeds", "statistic", "seeds", "diverged",
               "last_evaluations", "rounds_to_95", "upload_bytes", "download_bytes",
               "flops_per_round", "paper_test_accuracy")
@@ -41,9 +43,9 @@ def check(config, grid: dict, confirm_seeds: int | None) -> None:
 
 def setting_keys(entries: list[dict], grid: dict) -> list[str]:
   """The columns of summary `entries` that name a setting (the algorithm and, e.g., n and S):
-  neither a statistic nor a swept key nor the `grid` label."""
+  neither a result (RESULTS) nor a swept key nor the `grid` label."""
   keys = dict.fromkeys(k for e in entries for k in e)
-  return [k for k in keys if k not in STATISTICS and k not in grid and k != "grid"]
+  return [k for k in keys if k not in RESULTS and k not in grid and k != "grid"]
 
 
 def choose(entries: list[dict], grid: dict) -> list[dict]:
@@ -74,7 +76,7 @@ def confirmed(rows: list[dict], entries: list[dict], grid: dict, seeds: int) -> 
   """`rows` (`choose`) with the test statistic of each choice on fresh seeds: `entries` are
   the summary entries of runs of the chosen combinations on `seeds` new seeds (with their
   swept keys); adds confirm_test_accuracy, its std over seeds and confirm_seeds."""
-  keys = setting_keys(rows, {**grid, "combinations": ()})
+  keys = setting_keys(rows, grid)
   out = []
   for row in rows:
     match = [e for e in entries if all(e.get(k) == row[k] for k in (*keys, *grid))]
@@ -110,8 +112,9 @@ def plot(entries: list[dict], rows: list[dict], grid: dict, file) -> None:
       ax.plot(positions[chosen], mean[chosen], "o", ms=11, mfc="none",
               color=line[0].get_color())
     ax.set_xticks(positions, [f"{v:g}" if isinstance(v, float) else str(v) for v in values])
-    ax.set(xlabel=key, ylabel="validation accuracy (best over the other keys)")
+    ax.set(xlabel=key, ylabel="validation accuracy")
     ax.grid(alpha=0.3)
-  fig.suptitle(f"validation accuracy per swept key ({rows[0]['statistic']}); "
-               f"ringed: the combination chosen")
+  fig.suptitle(f"validation accuracy ({rows[0]['statistic']}, mean over seeds) against "
+               f"each swept key,\nthe best over the other keys; ringed: the combination "
+               f"chosen")
   plotting.save(fig, file)
