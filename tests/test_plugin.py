@@ -143,7 +143,7 @@ def test_a_grid_over_the_option_compiles_the_round_once(plugin, compiles):
   plugins.load(str(plugin))
   small = dict(quick=True, seeds=1, overrides=[f"algorithms={NAME}", "rounds=2",
                                                "eval_every=1"], progress=False)
-  runner.run("digits-personalized", grid={"server_beta": [0.0]}, **small)
+  runner.run("digits-personalized", grid={"server_beta": [0.0, 0.1, 0.2]}, **small)
   compiles.reset()
   hits.clear()
   rows, _ = runner.run("digits-personalized", grid=["server_beta=0.3,0.6,0.9"], **small)

@@ -1,24 +1,16 @@
-"""What a neural algorithm's round costs: the bytes a sampled client exchanges with the
-server, and the floating-point operations of the whole round. Both come from shapes alone
-(`jax.eval_shape`, `jax.make_jaxpr`, `Lowered.cost_analysis`): nothing is compiled or run.
+"""What a neural algorithm's round costs, from shapes alone (nothing compiled or run).
 
-Communication (`communication`), per sampled client per round: it downloads the shared
-params (`NNState.shared`) and the server state its update reads (the keys of
-`Personalized.server_sent`, e.g. SCAFFOLD's control variate), and uploads what its
-`client_update` returns as `sent`; besides these, `Personalized.exchanged` says what a
-round moves outside the hooks (FLUTE's heads, Fed-MTL's cohort sum, L2GD's averaging
-rounds). Cost an algorithm itself, not the traced program that several share
-(`program.program`), which keeps and sends every leaf.
-
-FLOPs (`round_flops`, `flops`): XLA's cost analysis counts the body of a loop (scan,
-fori_loop, while_loop) once, whatever its trip count, so the count here walks the round's
-jaxpr and adds each loop body's XLA count times its trip count: a scan's length; a
-fori_loop's bound, read from the jaxpr (local SGD's minibatch steps of a client are
-min(ceil(count / batch_size), ceil(m / batch_size)), counted at their bound
-ceil(m / batch_size), m the padded rows). The data are costed padded to the largest
-client's samples (`one_run`), so the count is that of a cohort of clients that size.
-A conditional counts its costlier branch (as XLA's analysis does: L2GD's local round
-rather than its averaging round), a while loop with no static bound once.
+`communication`: the bytes a sampled client downloads (the shared params and the server
+state of `Personalized.server_sent`, e.g. SCAFFOLD's control variate) and uploads (what
+`client_update` returns as `sent`), plus what `Personalized.exchanged` says a round moves
+outside the hooks (FLUTE's heads, Fed-MTL's cohort sum, L2GD's averaging rounds). Cost an
+algorithm itself, not the traced program that several share, which sends every leaf.
+`round_flops`: the floating-point operations of the whole round. XLA's cost analysis
+counts a loop's body once whatever its trip count, so each loop body's count is added
+times its trips (a scan's length, a fori_loop's bound read from the jaxpr; local SGD's
+steps at their bound ceil(m / batch_size)), on data padded to the largest client
+(`one_run`); a conditional counts its costlier branch, a while loop without a static
+bound once.
 """
 
 import dataclasses

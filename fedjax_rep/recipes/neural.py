@@ -30,7 +30,8 @@ LAST_EVALUATIONS = 10  # the papers' accuracy: the mean over the last 10 evaluat
 # The statistic of a run's test accuracies that summaries report (then averaged over seeds).
 STATISTICS = ("last10", "last", "best")
 ROUNDS_TO_FRACTION = 0.95  # rounds_to_95: the first round reaching this fraction of the statistic
-# The columns of what a method costs per round (`nn.cost`), on its metrics.csv rows.
+# The columns of what a method costs per round (`nn.cost`), on its rows for the summary
+# (`Recipe.summary_only`: not in metrics.csv).
 COST = ("upload_bytes", "download_bytes", "flops_per_round")
 
 

@@ -34,6 +34,8 @@ class Recipe:
   every combination, each row carrying those keys as columns with the values of its dict.
   plot(rows, config, path) draws the paper-style figure into `path` (PNG).
   summarize(rows, config) -> rows of a summary table (written to `summary_file`), or None.
+  summary_only: columns of the rows that only the summary reports (e.g. a method's cost per
+  round, `neural.COST`): metrics.csv leaves them out.
   mock_data(config) -> what mock data a configuration trains on instead of the recipe's
   dataset (e.g. "random examples in the format of CIFAR-10"), None where it trains on the real
   data; said on stderr before the run (`runner.mock_lines`).
@@ -49,6 +51,7 @@ class Recipe:
   default_seeds: int = 1
   summarize: Callable | None = None
   summary_file: str = "summary.csv"
+  summary_only: tuple[str, ...] = ()
   traced: tuple[str, ...] | Callable = ()
   mock_data: Callable | None = None
   rank: int = 1000

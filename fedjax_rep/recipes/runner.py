@@ -206,7 +206,9 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
       every_seconds=checkpoint_seconds) as run_dir:
     rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
     swept = (*grid, "grid") if grid else ()
-    run_dir.write_csv("metrics.csv", rows, first=("algorithm", "seed", "round", *swept))
+    run_dir.write_csv("metrics.csv", [{k: v for k, v in row.items()
+                                       if k not in recipe.summary_only} for row in rows],
+                      first=("algorithm", "seed", "round", *swept))
     written = ["config.json", "metrics.csv"]
     if recipe.summarize is not None:
       run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, grid),

@@ -98,4 +98,4 @@ RECIPE = register(Recipe(
     summary="personalised FL on sklearn digits (offline): FedRep, FedPer, LG-FedAvg, FedAvg, "
             "FedAvg-FT, local; test accuracy vs rounds",
     config=Config, quick={"rounds": 40}, run=run, plot=plot, default_seeds=3,
-    summarize=summarize, traced=common.traced_keys))
+    summarize=summarize, traced=common.traced_keys, summary_only=common.COST))

@@ -62,6 +62,7 @@ class Config(placement.Placement):
   momentum: float = common.momentum(0.0)
   weight_decay: float = common.weight_decay()
   eval_every: int = common.eval_every(10)
+  validation_fraction: float = common.validation_fraction()
   client_group: int = common.client_group()
   precision: str = common.precision()
   finetune_samples: tuple = cfg.positive_int(

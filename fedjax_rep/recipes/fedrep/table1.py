@@ -154,7 +154,7 @@ def _register(dataset: str, title: str, config, run, settings, quick: dict, summ
                   run=run, plot=plot, default_seeds=1, summarize=summarize,
                   summary_file="table1.csv",
                   mock_data=lambda config: table1.mock_data(config, title), rank=140,
-                  traced=common.traced_keys,
+                  traced=common.traced_keys, summary_only=common.COST,
                   docs="docs/papers/fedrep.md#table-1-neural-networks-on-real-data"))
 
 

@@ -83,4 +83,4 @@ RECIPE = register(Recipe(
     config=Config, quick={"num_clients": 50, "rounds": 40, "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot,
     default_seeds=3, summarize=summarize, summary_file="table1.csv",
-    traced=common.traced_keys))
+    traced=common.traced_keys, summary_only=common.COST))

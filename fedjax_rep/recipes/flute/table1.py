@@ -131,4 +131,4 @@ RECIPE = register(Recipe(
            "rounds": 40, "eval_every": 2, "lr": 0.05, "client_group": 1,
            "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot, default_seeds=1, summarize=summarize, summary_file="table1.csv",
-    mock_data=mock_data, traced=common.traced_keys))
+    mock_data=mock_data, traced=common.traced_keys, summary_only=common.COST))
