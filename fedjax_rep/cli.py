@@ -233,16 +233,23 @@ def main(argv=None) -> int:
   distributed.leave()
   if not distributed.is_writer():  # process 0 of the job reports what it wrote
     return 0
-  summary = os.path.join(out, registry.get(recipe).summary_file)
-  if os.path.exists(summary):
-    with open(summary) as f:
-      table = list(csv.reader(f))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-      print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+  tables = [name for name in (registry.get(recipe).summary_file, "selection.csv",
+                               "selection.png") if os.path.exists(os.path.join(out, name))]
+  for name in tables:
+    if name.endswith(".csv"):
+      _print_table(os.path.join(out, name))
   print(f"wrote {out}/metrics.csv, config.json, {recipe}.png"
-        + (f", {os.path.basename(summary)}" if os.path.exists(summary) else ""))
+        + "".join(f", {name}" for name in tables))
   return 0
+
+
+def _print_table(path: str) -> None:
+  """Prints the CSV file `path` as aligned columns."""
+  with open(path) as f:
+    table = list(csv.reader(f))
+  widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+  for row in table:
+    print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
 
 
 def _needs_supervisor() -> bool:
