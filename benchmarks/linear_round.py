@@ -36,11 +36,13 @@ A last table gives, per n and kernel, the fresh-statistics round's time over the
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
 import os
 import platform
+import resource
 import time
 from typing import NamedTuple
 
@@ -301,6 +303,17 @@ def write_json(path: str, data) -> None:
   with open(path, "w") as f:
     json.dump(data, f, indent=1)
   print(f"wrote {path}")
+
+
+def peak_rss_bytes() -> int:
+  """This process's peak resident set size so far (bytes): VmHWM of /proc/self/status,
+  the peak of its own address space (Linux's ru_maxrss also counts the parent's at the
+  fork), else ru_maxrss where there is no /proc."""
+  with contextlib.suppress(OSError), open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith("VmHWM:"):
+        return int(line.split()[1]) * 1024
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def machine_info():

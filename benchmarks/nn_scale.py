@@ -39,7 +39,6 @@ import argparse
 import dataclasses
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linear_round import machine_info, now, write_json  # benchmarks/ is the script's directory
+from linear_round import machine_info, now, peak_rss_bytes, write_json  # benchmarks/ is the script's directory
 from fedjax_rep.core.cohort import cohort_size, sample_cohort
 from fedjax_rep.data import flat
 from fedjax_rep.data import synthetic
@@ -174,11 +173,6 @@ def algorithm(federation, n, group, precision="float32"):
                        local_epochs=LOCAL_EPOCHS, head_epochs=HEAD_EPOCHS, batch_size=BATCH,
                        client_group=group)
   return alg, nn_hparams(LR, MOMENTUM, WEIGHT_DECAY)
-
-
-def peak_rss_bytes():
-  """This process's peak resident set size so far (bytes)."""
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # --- the engine (a child process) ----------------------------------------------------------

@@ -29,7 +29,6 @@ on the CPU, as the recipes' (`loop.jit_by_algorithm`).
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ import time
 import jax
 import numpy as np
 
-from linear_round import machine_info, now, write_json  # benchmarks/ is the script's directory
+from linear_round import machine_info, now, peak_rss_bytes, write_json  # benchmarks/ is the script's directory
 from recipe_time import compilation, compilation_totals
 
 PARTICIPATION = 0.1
@@ -121,21 +120,6 @@ def max_abs_diff(a: dict, b: dict) -> float:
     both = np.isnan(x) & np.isnan(y)
     worst = max(worst, float(np.max(np.where(both, 0.0, np.abs(x - y)), initial=0.0)))
   return worst
-
-
-def peak_rss_bytes() -> int:
-  """This process's peak resident set size so far (bytes): VmHWM of /proc/self/status,
-  the peak of its own address space. (Linux's ru_maxrss also counts the parent's at the
-  fork: a child of a parent that has run the sweeps would report the parent's size.)
-  ru_maxrss where there is no /proc."""
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("VmHWM:"):
-          return int(line.split()[1]) * 1024
-  except OSError:
-    pass
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # --- a variant in a process of its own -------------------------------------------------------

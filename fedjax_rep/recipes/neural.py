@@ -12,6 +12,7 @@ from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.data import validation
+from fedjax_rep.linear import memory
 from fedjax_rep.nn import contract as nn_contract
 from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import cost as cost_lib
@@ -314,7 +315,6 @@ def runs_that_fit(algorithm, data, hparams, keys, available: int | None = None) 
   with state `algorithm.init` fit in USABLE of the memory `available` (default:
   `linear.memory.available_bytes()`), at one copy of a run's data and STATE_COPIES of its
   state each; and the bytes per run."""
-  from fedjax_rep.linear import memory  # the memory left on the host or the device
   one = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree)
   state = jax.eval_shape(algorithm.init, one(keys), one(data), hparams)
   size = lambda tree: sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
