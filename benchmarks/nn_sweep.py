@@ -62,7 +62,7 @@ def problem(args):
   args.clients clients and args.seeds seeds."""
   import fedjax_rep as fr
   from fedjax_rep.data import digits, federated
-  from fedjax_rep.recipes import neural
+  from fedjax_rep.experiments import neural
   seed_values = list(range(args.seeds))
   data = federated.stack([digits.federated(args.clients, "classes", 2, 0.5, seed=s)
                           for s in seed_values])
@@ -80,7 +80,7 @@ def variants(args, count):
   then seed), 'one-at-a-time' concatenates each setting's in the same order."""
   import fedjax_rep as fr
   from fedjax_rep.core import loop
-  from fedjax_rep.recipes import neural, shared
+  from fedjax_rep.experiments import neural, shared
   algorithm, data, keys = problem(args)
   hparams = [fr.nn_hparams(lr, momentum, WEIGHT_DECAY) for lr, momentum in settings(count)]
   stacked = jax.tree.map(lambda *leaves: np.repeat(np.stack([np.asarray(v) for v in leaves]),

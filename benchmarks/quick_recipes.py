@@ -32,7 +32,7 @@ import recipe_time  # benchmarks/ is the script's directory
 
 def recipe_names() -> list[str]:
   """The registered recipes, in `fedjax-rep list`'s order."""
-  from fedjax_rep.recipes import registry
+  from fedjax_rep.experiments import registry
   return list(registry.all_recipes())
 
 

@@ -47,6 +47,6 @@ from fedjax_rep.nn.models import MODELS, make_model
 from fedjax_rep.nn.registry import make_algorithm as make_neural_algorithm
 from fedjax_rep.nn.registry import register as register_algorithm
 from fedjax_rep.nn.state import RoundInfo
-from fedjax_rep.recipes import RECIPES, resolve, run_to_dir
-from fedjax_rep.recipes import run as run_recipe
-from fedjax_rep.recipes.config import ConfigError
+from fedjax_rep.experiments import RECIPES, resolve, run_to_dir
+from fedjax_rep.experiments import run as run_recipe
+from fedjax_rep.experiments.config import ConfigError

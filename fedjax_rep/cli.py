@@ -30,8 +30,8 @@ def _list(plugin_paths) -> None:
   from fedjax_rep import api  # noqa: F401  registers every family's algorithms
   from fedjax_rep.core.registry import ALGORITHMS
   from fedjax_rep.hetero.timed import SCHEDULES
-  from fedjax_rep.recipes import plugins
-  from fedjax_rep.recipes.registry import all_recipes
+  from fedjax_rep.experiments import plugins
+  from fedjax_rep.experiments.registry import all_recipes
   plugins.load_all(plugin_paths)
   _section("recipes:", {name: recipe.summary for name, recipe in all_recipes().items()})
   for family, entries in ALGORITHMS.items():
@@ -120,8 +120,8 @@ def _parser() -> argparse.ArgumentParser:
 def _what_to_run(args) -> tuple[str, dict]:
   """(recipe, run_to_dir's keywords quick, seeds, overrides, grid, out, plugins) from the
   command line, or from the config.json of --resume DIR (out = DIR) or --from-config PATH."""
-  from fedjax_rep.recipes import runner
-  from fedjax_rep.recipes.config import ConfigError
+  from fedjax_rep.experiments import runner
+  from fedjax_rep.experiments.config import ConfigError
   if not (args.resume or args.from_config):
     name = args.recipe or DEFAULT_RECIPE
     return name, {"quick": args.quick, "seeds": args.seeds, "overrides": args.overrides,
@@ -156,7 +156,7 @@ def _what_to_run(args) -> tuple[str, dict]:
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   if args.command == "list":
-    from fedjax_rep.recipes.config import ConfigError
+    from fedjax_rep.experiments.config import ConfigError
     try:
       _list(args.plugin)
     except ConfigError as error:
@@ -172,10 +172,10 @@ def main(argv=None) -> int:
   from fedjax_rep.core import distributed
   from fedjax_rep.core import threefry
   from fedjax_rep.data.missing import DataMissing
-  from fedjax_rep.recipes import config as cfg
-  from fedjax_rep.recipes import outputs
-  from fedjax_rep.recipes import registry
-  from fedjax_rep.recipes import runner
+  from fedjax_rep.experiments import config as cfg
+  from fedjax_rep.experiments import outputs
+  from fedjax_rep.experiments import registry
+  from fedjax_rep.experiments import runner
   what = {}
   try:
     if distributed.join() and not (args.resume or args.out):  # a job of several processes

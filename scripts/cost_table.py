@@ -24,8 +24,8 @@ from fedjax_rep.data import federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import cost
 from fedjax_rep.nn import models
-from fedjax_rep.recipes import neural
-from fedjax_rep.recipes import registry
+from fedjax_rep.experiments import neural
+from fedjax_rep.experiments import registry
 
 RECIPE = "fedrep-table1-cifar10"
 TRAIN, TEST, CLASSES, IMAGE = 50_000, 10_000, 10, (32, 32, 3)

@@ -172,7 +172,7 @@ def test_run_writes_outputs_and_resumes(tmp_path, monkeypatch):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
   # Resume: every unit is on disk, so a second run computes nothing.
-  from fedjax_rep.recipes import shared
+  from fedjax_rep.experiments import shared
   monkeypatch.setattr(shared, "run_seeds", lambda *a, **k: pytest.fail("recomputed"))
   assert cli.main(args) == 0
   with open(os.path.join(out, "metrics.csv")) as f:
@@ -213,7 +213,7 @@ def test_placement_refused_before_any_work(recipe, items, pattern, capsys, tmp_p
 
 def test_placement_fields_are_listed_last():
   """Every recipe has devices and cohort_groups, listed after its own keys."""
-  from fedjax_rep.recipes import config as cfg
+  from fedjax_rep.experiments import config as cfg
   assert list(cfg.fields(type(fr.resolve("fedrep-fig3"))))[-2:] == ["devices", "cohort_groups"]
   with pytest.raises(fr.ConfigError, match=r"valid keys: .*, devices, cohort_groups; "
                                            r"options of the algorithms"):
@@ -225,8 +225,8 @@ def test_every_recipes_configuration_replays(quick, tmp_path):
   """A config.json's settings (auto ones, None, included) give back the same configuration
   (what --resume and --from-config read)."""
   import dataclasses
-  from fedjax_rep.recipes import registry
-  from fedjax_rep.recipes import runner
+  from fedjax_rep.experiments import registry
+  from fedjax_rep.experiments import runner
   from fedjax_rep.data.missing import DataMissing
   for name in registry.all_recipes():
     try:

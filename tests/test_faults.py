@@ -19,8 +19,8 @@ import pytest
 
 from fedjax_rep import cli
 from fedjax_rep.core import checkpoint
-from fedjax_rep.recipes import outputs
-from fedjax_rep.recipes import runner
+from fedjax_rep.experiments import outputs
+from fedjax_rep.experiments import runner
 from test_resume import SMALL, metrics_text, run_cli, wait_for_checkpoint
 
 ARGS = [*SMALL, "--set", "rounds=6", "--no-progress"]

@@ -12,10 +12,10 @@ import pytest
 
 import fedjax_rep as fr
 from fedjax_rep import cli
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import plotting
-from fedjax_rep.recipes import registry
-from fedjax_rep.recipes import runner
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import plotting
+from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import runner
 
 
 @dataclasses.dataclass(frozen=True)

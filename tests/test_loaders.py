@@ -14,7 +14,7 @@ from fedjax_rep import cli
 from fedjax_rep.data import flat, leaf, partition, tfds_data
 from fedjax_rep.data.federated import pad
 from fedjax_rep.data.missing import DataMissing
-from fedjax_rep.recipes import runner
+from fedjax_rep.experiments import runner
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ import pytest
 
 import fedjax_rep as fr
 from fedjax_rep import cli
-from fedjax_rep.recipes import config as cfg
+from fedjax_rep.experiments import config as cfg
 
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from fedjax_rep import cli
-from fedjax_rep.recipes import outputs
+from fedjax_rep.experiments import outputs
 from conftest import Job, emulated_devices_env
 
 pytestmark = pytest.mark.slow  # real processes: each job compiles its own programs

@@ -8,8 +8,8 @@ import pytest
 
 from fedjax_rep.data import digits, federated
 from fedjax_rep.nn import models
-from fedjax_rep.recipes import neural
-from fedjax_rep.recipes import runner
+from fedjax_rep.experiments import neural
+from fedjax_rep.experiments import runner
 
 SMALL = ["rounds=4", "eval_every=2", "algorithms=fedrep,fedavg", "num_clients=20"]
 GRID = {"lr": (0.01, 0.1), "momentum": (0.0, 0.5)}
@@ -94,7 +94,7 @@ def test_the_last_chunk_is_padded_to_the_same_program(compiles):
 @pytest.mark.parametrize("recipe", ["digits-personalized", "table1-synthetic",
                                     "fedrep-table1-cifar10", "flute-table1"])
 def test_the_neural_recipes_trace_their_hparams_and_options(recipe):
-  from fedjax_rep.recipes import registry
+  from fedjax_rep.experiments import registry
   found = registry.get(recipe)
   config = registry.resolve(recipe, quick=True)
   keys = found.traced(config)

@@ -14,9 +14,9 @@ from fedjax_rep.core import cohort
 from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS, FedRep
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.registry import make_algorithm
-from fedjax_rep.recipes import linear as common
-from fedjax_rep.recipes import runner
-from fedjax_rep.recipes import shared
+from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import runner
+from fedjax_rep.experiments import shared
 from fedjax_rep.core.padding import Padded
 
 

@@ -14,10 +14,10 @@ import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.core import registry as core_registry
 from fedjax_rep.nn import registry as nn_registry
-from fedjax_rep.recipes import neural
-from fedjax_rep.recipes import plotting
-from fedjax_rep.recipes import plugins
-from fedjax_rep.recipes import runner
+from fedjax_rep.experiments import neural
+from fedjax_rep.experiments import plotting
+from fedjax_rep.experiments import plugins
+from fedjax_rep.experiments import runner
 
 PLUGIN = '''"""FedAvg whose server keeps a fraction server_beta of its model each round."""
 import dataclasses

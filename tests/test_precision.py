@@ -19,10 +19,10 @@ from fedjax_rep import cli
 from fedjax_rep.nn import models, train
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn.conv import conv_im2col, max_pool2
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import neural as common
-from fedjax_rep.recipes import registry
-from fedjax_rep.recipes import runner
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import runner
 
 INPUTS = {"digits-mlp": (8, 8, 1), "digits-cnn": (8, 8, 1), "cifar10-cnn": (32, 32, 3),
           "synthetic-mlp": (60,), "sent140-lstm": (12,)}

@@ -10,10 +10,10 @@ import pytest
 from fedjax_rep import cli
 from fedjax_rep.nn import conventions
 from fedjax_rep.nn import registry as nn_registry
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import neural
-from fedjax_rep.recipes import registry
-from fedjax_rep.recipes import runner
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import neural
+from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import runner
 
 TABLE1 = ("fedrep-table1-cifar10", "fedrep-table1-cifar100", "fedrep-table1-femnist",
           "fedrep-table1-sent140", "flute-table1", "table1-synthetic")

@@ -9,7 +9,7 @@ import runpy
 import subprocess
 import sys
 
-from fedjax_rep.recipes import registry
+from fedjax_rep.experiments import registry
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

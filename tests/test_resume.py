@@ -22,7 +22,7 @@ import pytest
 import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.core import checkpoint
-from fedjax_rep.recipes import runner
+from fedjax_rep.experiments import runner
 
 # fedrep-fig3, small: one padded unit of n = 10, 20; 3 algorithms x 2 seeds.
 SMALL = ["--set", "num_clients=10,20", "--set", "samples_per_client=4", "--seeds", "2"]

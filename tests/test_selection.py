@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from fedjax_rep import cli
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import neural
-from fedjax_rep.recipes import selection
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import neural
+from fedjax_rep.experiments import selection
 
 
 def rows_of(curves: dict) -> list[dict]:

@@ -9,7 +9,7 @@ import pytest
 
 import fedjax_rep as fr
 from fedjax_rep import cli
-from fedjax_rep.recipes import config as cfg
+from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes import table1
 
 
@@ -76,7 +76,7 @@ def test_config_errors(recipe, items, pattern, compiles):
 
 
 def test_mtl_lambda_is_a_traced_option_or_the_algorithms_default():
-  from fedjax_rep.recipes import neural as nn_common
+  from fedjax_rep.experiments import neural as nn_common
   from fedjax_rep.recipes.fedrep import table1_synthetic as table1_synthetic
   config = cfg.override(table1_synthetic.Config(), ["mtl_lambda=auto"])
   assert config.mtl_lambda is None and nn_common.hparams(config).options == {}
@@ -114,7 +114,7 @@ def test_real_data_recipes_quick_on_mock_data(recipe, overrides, capsys):
   rows, config = fr.run_recipe(recipe, quick=True, progress=False, overrides=overrides)
   assert config.source == "mock"
   assert f"fedjax-rep: {recipe} runs on mock data (" in capsys.readouterr().err
-  from fedjax_rep.recipes import registry
+  from fedjax_rep.experiments import registry
   summary = registry.get(recipe).summarize(rows, config)
   assert {r["algorithm"] for r in summary} == set(config.algorithms)
   for r in summary:
@@ -143,7 +143,7 @@ def test_flute_table1_quick_on_digits():
 
 def test_summaries_say_how_many_evaluations_they_average():
   """After 3 evaluations the summary averages 3 and says so; after 12, the last 10."""
-  from fedjax_rep.recipes import neural
+  from fedjax_rep.experiments import neural
   rows = [{"algorithm": "fedrep", "seed": s, "round": t, "test_accuracy": 0.1 * t}
           for s in (0, 1) for t in (1, 2, 3)]
   entry, = neural.summary(rows, ["fedrep"])
@@ -160,8 +160,8 @@ def test_summaries_say_how_many_evaluations_they_average():
 def test_mock_data_is_said_for_exactly_the_configurations_that_train_on_it():
   """fedrep-table1-* with source=mock (as --quick sets) and flute-table1 on CIFAR with
   source=mock say one line; the real files, and flute-table1 --quick (digits), none."""
-  from fedjax_rep.recipes import registry
-  from fedjax_rep.recipes import runner
+  from fedjax_rep.experiments import registry
+  from fedjax_rep.experiments import runner
   quick = {name: runner.mock_lines(registry.get(name), registry.resolve(name, quick=True),
                                      {}) for name in registry.all_recipes()}
   assert {name for name, lines in quick.items() if lines} == {
@@ -206,7 +206,7 @@ def test_the_mock_data_line_comes_before_training(monkeypatch, capsys, tmp_path)
 
 def test_summaries_take_the_last_or_the_best_evaluation_when_asked():
   """summary="last": each seed's last accuracy; "best": its largest; both named."""
-  from fedjax_rep.recipes import neural
+  from fedjax_rep.experiments import neural
   rows = [{"algorithm": "fedrep", "seed": s, "round": t, "test_accuracy": a}
           for s, curve in ((0, (0.2, 0.9, 0.5)), (1, (0.4, 0.3, 0.7)))
           for t, a in zip((5, 10, 15), curve)]

@@ -17,10 +17,10 @@ from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import fed_mtl
 from fedjax_rep.nn import registry as nn_registry
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import neural as common
-from fedjax_rep.recipes import placement
-from fedjax_rep.recipes import plotting
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import placement
+from fedjax_rep.experiments import plotting
 
 # The rows of FedRep's Table 1 in its order, then rows the paper does not have (EXTRA:
 # FedBABU, a body-only baseline reported beside FedRep by later papers).

@@ -12,9 +12,9 @@ import dataclasses
 
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.linear.registry import make_algorithm
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import linear as common
-from fedjax_rep.recipes import shared
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import shared
 
 
 def algorithm_name(local_steps: int) -> str:

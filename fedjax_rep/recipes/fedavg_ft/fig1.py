@@ -9,9 +9,9 @@ names fedavg-tau2/5/10) and D-GD (tau = 1, `d-gd`), 10 seeds with a min-max band
 import dataclasses
 
 from fedjax_rep.recipes.fedavg_ft import common as ft
-from fedjax_rep.recipes import plotting
-from fedjax_rep.recipes import shared
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments import plotting
+from fedjax_rep.experiments import shared
+from fedjax_rep.experiments.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

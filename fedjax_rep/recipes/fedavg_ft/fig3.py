@@ -19,12 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.linear import local as local_lib
-from fedjax_rep.recipes import config as cfg
+from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.fedavg_ft import common as ft
-from fedjax_rep.recipes import linear as common
-from fedjax_rep.recipes import plotting
-from fedjax_rep.recipes import shared
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import plotting
+from fedjax_rep.experiments import shared
+from fedjax_rep.experiments.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

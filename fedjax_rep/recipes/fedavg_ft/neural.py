@@ -30,12 +30,12 @@ from fedjax_rep.nn import models, representation
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.nn.algorithm import NNState
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import placement
-from fedjax_rep.recipes import neural as common
-from fedjax_rep.recipes import plotting
-from fedjax_rep.recipes import shared
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import placement
+from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import plotting
+from fedjax_rep.experiments import shared
+from fedjax_rep.experiments.registry import Recipe, register
 
 LABELS = {"d-sgd": "D-SGD", "fedavg-steps": "FedAvg"}  # the algorithms, in this order
 

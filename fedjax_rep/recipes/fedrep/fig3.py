@@ -18,12 +18,12 @@ from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.core.padding import Padded
 from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS, FedRep
 from fedjax_rep.linear.hparams import LinearHparams
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import placement
-from fedjax_rep.recipes import linear as common
-from fedjax_rep.recipes import plotting
-from fedjax_rep.recipes import shared
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import placement
+from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import plotting
+from fedjax_rep.experiments import shared
+from fedjax_rep.experiments.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

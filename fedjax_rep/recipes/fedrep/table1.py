@@ -18,10 +18,10 @@ import tempfile
 
 from fedjax_rep.data import leaf, tfds_data
 from fedjax_rep.nn import models
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import neural as common
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import neural as common
 from fedjax_rep.recipes import table1
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments.registry import Recipe, register
 
 QUICK_ALGORITHMS = ("local", "fedavg-ft", "fedrep")
 

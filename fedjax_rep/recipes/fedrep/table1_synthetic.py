@@ -18,10 +18,10 @@ import dataclasses
 
 from fedjax_rep.data import synthetic
 from fedjax_rep.nn import models
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import neural as common
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import neural as common
 from fedjax_rep.recipes import table1
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments.registry import Recipe, register
 
 DATASET = "synthetic"
 # --quick: the algorithms that share one program (`nn.program`), so it compiles once.

@@ -20,10 +20,10 @@ from fedjax_rep.linear.fedrep import FedRep
 from fedjax_rep.linear.flute import LOSSES
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.registry import make_algorithm
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import linear as common
-from fedjax_rep.recipes import plotting
-from fedjax_rep.recipes import shared
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import plotting
+from fedjax_rep.experiments import shared
 
 NOISE_STD = 0.3 ** 0.5  # App. C.1: label noise of variance 0.3
 ALGORITHMS = ("flute", "fedrep-ri", "fedrep")

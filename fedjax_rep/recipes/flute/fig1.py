@@ -12,9 +12,9 @@ import dataclasses
 import functools
 
 from fedjax_rep.linear import underparam
-from fedjax_rep.recipes import config as cfg
+from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.flute import fig3 as flute_fig3
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

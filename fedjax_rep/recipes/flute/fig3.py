@@ -12,9 +12,9 @@ M = 15 (4 of the 16 cells: each cell of k x M is its own program).
 
 import dataclasses
 
-from fedjax_rep.recipes import config as cfg
+from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.flute import common as fc
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

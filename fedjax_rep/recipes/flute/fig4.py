@@ -9,12 +9,12 @@ diverges is flagged (and the others go on).
 
 import dataclasses
 
-from fedjax_rep.recipes import config as cfg
+from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.flute import common as fc
-from fedjax_rep.recipes import linear as common
-from fedjax_rep.recipes import plotting
-from fedjax_rep.recipes import shared
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import plotting
+from fedjax_rep.experiments import shared
+from fedjax_rep.experiments.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

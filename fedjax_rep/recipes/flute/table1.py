@@ -19,10 +19,10 @@ import dataclasses
 from fedjax_rep.data import digits, tfds_data
 from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import neural as common
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import neural as common
 from fedjax_rep.recipes import table1
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments.registry import Recipe, register
 
 ALGORITHMS = ("fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedrep", "fedrep-star", "fedrod",
               "fedcp", "flute", "flute-star", "fedbabu")

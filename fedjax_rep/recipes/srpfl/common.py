@@ -23,9 +23,9 @@ import numpy as np
 from fedjax_rep.core import loop
 from fedjax_rep.hetero import schedule, speeds, timed
 from fedjax_rep.linear.fedrep import FedRep
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import linear as common
-from fedjax_rep.recipes import shared
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import shared
 
 ALGORITHMS = ("srpfl", "fedrep", "fastest-n")
 LABELS = {"srpfl": "SRPFL", "fedrep": "FedRep (all N)", "fastest-n": "fastest n0 only"}

@@ -29,12 +29,12 @@ from fedjax_rep.hetero import timed
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import neural as common
-from fedjax_rep.recipes import plotting
-from fedjax_rep.recipes import shared
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import plotting
+from fedjax_rep.experiments import shared
 from fedjax_rep.recipes.srpfl import common as sc
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments.registry import Recipe, register
 
 # algorithm -> (the neural algorithm it times, whether it follows SRPFL's doubling)
 ALGORITHMS = {"srpfl": ("fedrep", True), "fedrep": ("fedrep", False),

@@ -20,11 +20,11 @@ import dataclasses
 import numpy as np
 
 from fedjax_rep.hetero import schedule
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import plotting
-from fedjax_rep.recipes import shared
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import plotting
+from fedjax_rep.experiments import shared
 from fedjax_rep.recipes.srpfl import common as sc
-from fedjax_rep.recipes.registry import Recipe, register
+from fedjax_rep.experiments.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

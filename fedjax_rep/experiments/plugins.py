@@ -9,7 +9,7 @@ import re
 import runpy
 import traceback
 
-from fedjax_rep.recipes.config import ConfigError
+from fedjax_rep.experiments.config import ConfigError
 
 LOADED: dict[str, str] = {}  # absolute path -> sha256 of each plugin imported so far
 

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 
 from fedjax_rep.core import loop
-from fedjax_rep.recipes import plotting
+from fedjax_rep.experiments import plotting
 
 
 def concatenate(trees):

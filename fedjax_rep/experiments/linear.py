@@ -12,8 +12,8 @@ from fedjax_rep.linear import data_modes
 from fedjax_rep.linear import memory
 from fedjax_rep.linear import problem as problem_lib
 from fedjax_rep.linear.hparams import LinearHparams
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import placement
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import placement
 
 NOISE_STD = 1e-3 ** 0.5  # FedRep Section 5.1: label noise of variance 1e-3
 PRINT_ESTIMATE_BYTES = 2 << 30  # runs that need more print their memory estimate first

@@ -9,8 +9,8 @@ again on fresh seeds (`confirm`), as pFL-Bench reruns its best configuration.
 
 import numpy as np
 
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import plotting
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import plotting
 
 # The columns of a summary entry (`neural.summary`) or of selection.csv that are results,
 # not a setting.

@@ -21,9 +21,9 @@ from fedjax_rep.nn import models
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import program as program_lib
 from fedjax_rep.nn import registry as nn_registry
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import placement
-from fedjax_rep.recipes import shared
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import placement
+from fedjax_rep.experiments import shared
 
 TRACED = ("lr", "momentum", "weight_decay")  # the fields a grid sweeps in one program
 ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local")

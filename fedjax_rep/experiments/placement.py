@@ -10,7 +10,7 @@ that the devices JAX sees cannot serve.
 import dataclasses
 import math
 
-from fedjax_rep.recipes import config as cfg
+from fedjax_rep.experiments import config as cfg
 
 # The linear algorithms that shard (FedRep and its GD-GD variants); the others (local,
 # FedAvg, FedAvg-FT, FLUTE, the timed schedules) run on one device.

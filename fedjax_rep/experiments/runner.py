@@ -19,12 +19,12 @@ from fedjax_rep.core import checkpoint
 from fedjax_rep.core import distributed
 from fedjax_rep.core import files
 from fedjax_rep.core import threefry
-from fedjax_rep.recipes import config as cfg
-from fedjax_rep.recipes import outputs
-from fedjax_rep.recipes import placement
-from fedjax_rep.recipes import plugins as plugins_lib
-from fedjax_rep.recipes import registry
-from fedjax_rep.recipes import selection
+from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import outputs
+from fedjax_rep.experiments import placement
+from fedjax_rep.experiments import plugins as plugins_lib
+from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import selection
 
 
 def check_seeds(seeds) -> int:
@@ -299,7 +299,7 @@ def conventions_record(config, grid: dict) -> dict:
   them."""
   if not hasattr(config, "conventions"):
     return {}
-  from fedjax_rep.recipes import neural  # neural recipes only: the linear ones never load it
+  from fedjax_rep.experiments import neural  # neural recipes only: the linear ones never load it
 
   def record(c):
     return {"preset": c.conventions, **neural.resolved_conventions(c).described()}

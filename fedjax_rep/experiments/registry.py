@@ -15,9 +15,10 @@ import itertools
 import pkgutil
 from typing import Callable
 
-from fedjax_rep.recipes import config as cfg
+from fedjax_rep.experiments import config as cfg
 
 ENTRY_POINTS = "fedjax_rep.recipes"  # entry-point group: packages (or modules) of recipes
+PAPERS = "fedjax_rep.recipes"  # the package of the papers' recipes, one subpackage a paper
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +95,8 @@ def _import_tree(name: str) -> None:
 def recipe_packages() -> list[str]:
   """The packages whose modules define recipes: the subpackages of `fedjax_rep.recipes`,
   then those that installed distributions name under the entry-point group ENTRY_POINTS."""
-  here = pkgutil.iter_modules(importlib.import_module(__package__).__path__)
-  return ([f"{__package__}.{info.name}" for info in sorted(here, key=lambda i: i.name)
+  here = pkgutil.iter_modules(importlib.import_module(PAPERS).__path__)
+  return ([f"{PAPERS}.{info.name}" for info in sorted(here, key=lambda i: i.name)
            if info.ispkg]
           + [point.value for point in importlib.metadata.entry_points(group=ENTRY_POINTS)])
 
@@ -118,7 +119,7 @@ def _spelled_modules(name: str) -> list[str]:
     for joins in itertools.product("._", repeat=end - 1):
       path = parts[0] + "".join(j + p for j, p in zip(joins, parts[1:end]))
       try:
-        found = importlib.util.find_spec(f"{__package__}.{path}")
+        found = importlib.util.find_spec(f"{PAPERS}.{path}")
       except (ImportError, ValueError):
         found = None
       if found is not None:
