@@ -14,6 +14,7 @@ import sys
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 ADDRESS, COUNT, INDEX = "JAX_COORDINATOR_ADDRESS", "NUM_PROCESSES", "PROCESS_ID"
 HEARTBEAT = "FEDJAX_REP_HEARTBEAT_SECONDS"  # the variable of `heartbeat_seconds`
@@ -113,7 +114,6 @@ def warn(message: str) -> None:
 def barrier(name: str) -> None:
   """Waits until every process of the job reaches the barrier `name` (nothing for one)."""
   if in_job():
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
 
 
@@ -129,5 +129,4 @@ def any_process(flag: bool) -> bool:
   """Whether `flag` is True on any process of the job (this process's flag for one)."""
   if not in_job():
     return bool(flag)
-  from jax.experimental import multihost_utils
   return bool(multihost_utils.process_allgather(np.array(flag, np.int32)).any())
