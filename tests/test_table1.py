@@ -2,6 +2,7 @@
 the one-line stop without data, and table1.csv with the paper's numbers."""
 
 import csv
+import dataclasses
 import time
 
 import numpy as np
@@ -162,8 +163,8 @@ def test_mock_data_is_said_for_exactly_the_configurations_that_train_on_it():
   source=mock say one line; the real files, and flute-table1 --quick (digits), none."""
   from fedjax_rep.experiments import registry
   from fedjax_rep.experiments import runner
-  quick = {name: runner.mock_lines(registry.get(name), registry.resolve(name, quick=True),
-                                     {}) for name in registry.all_recipes()}
+  quick = {name: runner.mock_lines(registry.get(name), [registry.resolve(name, quick=True)])
+           for name in registry.all_recipes()}
   assert {name for name, lines in quick.items() if lines} == {
       f"fedrep-table1-{d}" for d in ("cifar10", "cifar100", "femnist", "sent140")}
   assert quick["fedrep-table1-femnist"] == [
@@ -172,13 +173,13 @@ def test_mock_data_is_said_for_exactly_the_configurations_that_train_on_it():
       "mean nothing; `fedjax-rep data` says how to get the data"]
   flute = registry.get("flute-table1")
   config = flute.config(dataset="cifar10", source="mock")
-  assert runner.mock_lines(flute, config, {}) == [
+  assert runner.mock_lines(flute, [config]) == [
       "fedjax-rep: flute-table1 runs on mock data (random examples in the format of cifar10), "
       "not the real dataset (source=mock, as --quick sets): its numbers mean nothing; "
       "`fedjax-rep data` says how to get the data"]
-  assert runner.mock_lines(flute, config, {"source": ("files", "mock")}) == \
-      runner.mock_lines(flute, config, {})  # once, for the combination on mock data
-  assert runner.mock_lines(flute, flute.config(dataset="cifar10"), {}) == []
+  both = [dataclasses.replace(config, source=source) for source in ("files", "mock")]
+  assert runner.mock_lines(flute, both) == runner.mock_lines(flute, [config])  # once
+  assert runner.mock_lines(flute, [flute.config(dataset="cifar10")]) == []
 
 
 class Trained(Exception):

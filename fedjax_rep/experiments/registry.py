@@ -63,7 +63,12 @@ RECIPES: dict[str, Recipe] = {}  # the recipes registered so far (see `all_recip
 
 
 def register(recipe: Recipe) -> Recipe:
-  """Adds `recipe` to RECIPES; its traced keys must be scalar number fields of its config."""
+  """Adds `recipe` to RECIPES; its config must derive from `config.Config`, its traced keys
+  be scalar number fields of its config."""
+  if not issubclass(recipe.config, cfg.Config):
+    raise ValueError(f"recipe {recipe.name}: its configuration {recipe.config.__name__} does "
+                     f"not derive from fedjax_rep.experiments.config.Config; derive it from "
+                     f"that class (or one of its subclasses)")
   known = cfg.fields(recipe.config)
   for key in () if callable(recipe.traced) else recipe.traced:
     check = known[key].metadata["check"] if key in known else None

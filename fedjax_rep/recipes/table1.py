@@ -18,7 +18,7 @@ from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import fed_mtl
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import placement
 from fedjax_rep.experiments import plotting
 
@@ -74,14 +74,14 @@ def paper_accuracy(dataset: str, setting: dict, algorithm: str,
 
 
 @dataclasses.dataclass(frozen=True)
-class Fields(common.Training):
+class Fields(neural.Training):
   """The configuration fields every Table-1 recipe has: the neural training schedule, the
   algorithms and the baselines' hyperparameters (defaults: the algorithms' own), and the
   authors' code's training conventions (`nn.conventions`: the papers' tables came from
   that code). A recipe's Config derives from it and adds its data fields."""
   algorithms: tuple = cfg.choice("algorithms to compare", ALGORITHMS, ALGORITHMS,
                                  sequence=True)
-  conventions: str = common.conventions(conventions_lib.AUTHORS)
+  conventions: str = neural.conventions(conventions_lib.AUTHORS)
   prox_mu: float = cfg.nonnegative_float("FedProx's proximal weight mu",
                                          nn_registry.OPTIONS["prox_mu"])
   ditto_lambda: float = cfg.nonnegative_float(
@@ -110,7 +110,7 @@ class Fields(common.Training):
 def leaf_averaging():
   """The `averaging` knob of the recipes on LEAF data: FedRep's code weights LEAF clients by
   their sample counts (uniform only on CIFAR), so its conventions there are "samples"."""
-  return common.convention("averaging", "samples")
+  return neural.convention("averaging", "samples")
 
 
 def source():
@@ -142,22 +142,22 @@ def run(config, seeds: int, unit, progress, settings: list[dict], dataset, model
   `neural.validated`, then laid out for config's devices: `placement.laid_out`); model:
   the Classifier. Settings with equal num_clients run, with every seed and combination, as
   one program per algorithm (cached unit '<algorithm>-n<num_clients>')."""
-  seed_values = list(range(config.seed, config.seed + seeds))
+  seed_values = config.seed_values(seeds)
   groups = {}
   for setting in settings:
     groups.setdefault(setting["num_clients"], []).append(setting)
   rows = []
   for num_clients, group in groups.items():
-    data = federated.stack([placement.laid_out(common.validated(dataset(s, seed), config, seed),
+    data = federated.stack([placement.laid_out(neural.validated(dataset(s, seed), config, seed),
                                                config) for s in group for seed in seed_values])
-    group_keys = common.run_keys(seed_values, len(group))  # run i*seeds + j: setting i
+    group_keys = neural.run_keys(seed_values, len(group))  # run i*seeds + j: setting i
     for name in config.algorithms:
-      results = common.trained(unit, f"{name}-n{num_clients}", name, config, model, data,
+      results = neural.trained(unit, f"{name}-n{num_clients}", name, config, model, data,
                                group_keys, num_clients, progress, grid)
       for combination, result in zip(grid or [{}], results):
         for i, setting in enumerate(group):
-          part = common.runs(result, i * seeds, (i + 1) * seeds)
-          rows += common.rows(name, seed_values, part, **setting, **combination)
+          part = neural.runs(result, i * seeds, (i + 1) * seeds)
+          rows += neural.rows(name, seed_values, part, **setting, **combination)
   return rows
 
 
@@ -207,7 +207,7 @@ def table(rows, config, dataset: str, settings: list[dict], paper: dict = PAPER)
   out = []
   for setting in settings:
     selected = plotting.select(rows, **setting)
-    for entry in common.summary(selected, config.algorithms, config.summary):
+    for entry in neural.summary(selected, config.algorithms, config.summary):
       value = paper_accuracy(dataset, setting, entry["algorithm"], paper)
       out.append({**setting, **entry, "paper_test_accuracy": "" if value is None else value})
   return out
@@ -252,6 +252,6 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str,
   swept = any(f"{key}=" in label for label in grids
               for key in ("conventions", *conventions_lib.KNOBS))
   conventions = ("conventions as each panel says" if swept else
-                 common.conventions_text(config)) + common.options_text(config)
-  fig.suptitle(f"{title}\n{conventions}; {common.averaged_text(rows, config.summary)}")
+                 neural.conventions_text(config)) + neural.options_text(config)
+  fig.suptitle(f"{title}\n{conventions}; {neural.averaged_text(rows, config.summary)}")
   plotting.save(fig, file)

@@ -31,8 +31,7 @@ from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.nn.algorithm import NNState
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import placement
-from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
 from fedjax_rep.experiments.registry import Recipe, register
@@ -46,10 +45,10 @@ def local_steps(name: str, config) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(placement.Placement):
+class Config(cfg.Config):
   UNSHARDED = "FedAvg-FT's neural runs (D-SGD and FedAvg, one program)"
   num_clients: int = cfg.num_clients(30)
-  dirichlet_alpha: float = common.dirichlet_alpha(0.6)
+  dirichlet_alpha: float = neural.dirichlet_alpha(0.6)
   unseen_classes: int = cfg.positive_int("classes held out of training (the last ones): "
                                          "the new clients' classes", 2, low=2)
   model: str = cfg.choice("the network", "digits-mlp", ("digits-mlp", "digits-cnn"))
@@ -57,20 +56,24 @@ class Config(placement.Placement):
                                       "step a round, tau times the rounds)", 20)
   rounds: int = cfg.positive_int("FedAvg's communication rounds T (D-SGD runs tau T)", 100)
   participation: float = cfg.participation(0.2)
-  batch_size: int = common.batch_size()
+  batch_size: int = neural.batch_size()
   lr: float = cfg.lr(0.05, "step size of local SGD (training and fine-tuning)")
-  momentum: float = common.momentum(0.0)
-  weight_decay: float = common.weight_decay()
-  eval_every: int = common.eval_every(10)
-  validation_fraction: float = common.validation_fraction()
-  client_group: int = common.client_group()
-  precision: str = common.precision()
+  momentum: float = neural.momentum(0.0)
+  weight_decay: float = neural.weight_decay()
+  eval_every: int = neural.eval_every(10)
+  validation_fraction: float = neural.validation_fraction()
+  client_group: int = neural.client_group()
+  precision: str = neural.precision()
   finetune_samples: tuple = cfg.positive_int(
       "training samples k of each unseen class per new client (x-axis)", (1, 2, 5, 10, 20),
       sequence=True)
   finetune_epochs: int = cfg.positive_int("epochs of SGD on the new clients' heads", 50)
   new_clients: int = cfg.positive_int("new clients per seed", 5)
   seed: int = cfg.seed()
+
+  def record(self, swept: cfg.Sweep) -> dict:
+    """What config.json records of the precision (`neural.precision_record`)."""
+    return neural.precision_record(self, swept)
 
   def check(self):
     """The split must be possible on digits (checked on the labels: no training)."""
@@ -102,7 +105,7 @@ def seed_data(config: Config, seed: int):
   seen = digits.NUM_CLASSES - config.unseen_classes
   parts, test_parts = partition_lib.dirichlet(y[y < seen], y_test[y_test < seen],
                                               config.num_clients, config.dirichlet_alpha, seed)
-  clients = common.validated(federated.client_datasets(
+  clients = neural.validated(federated.client_datasets(
       x[y < seen], y[y < seen], parts, x_test[y_test < seen], y_test[y_test < seen],
       test_parts, digits.NUM_CLASSES), config, seed)
   rng = np.random.default_rng([seed, 1])  # apart from the partition's stream
@@ -148,7 +151,7 @@ def analyse(algorithm, model, probe_x, probe_y, new, hparams, keys, *, seen: int
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  seed_values = list(range(config.seed, config.seed + seeds))
+  seed_values = config.seed_values(seeds)
   clients, probes, new = zip(*[seed_data(config, s) for s in seed_values])
   clients, new = federated.stack(list(clients)), tree.stack(new)
   probe_x, probe_y = tree.stack(probes)
@@ -164,10 +167,10 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
         client_group=config.client_group, local_steps=config.local_steps)  # d-sgd: 1 step
     # D-SGD runs tau times the rounds, evaluated at FedAvg's numbers of local updates.
     scale = config.local_steps // steps
-    result = common.trained_unit(unit, name, algorithm, clients, common.hparams(config),
+    result = neural.trained_unit(unit, name, algorithm, clients, neural.hparams(config),
                                  run_keys, config.rounds * scale,
                                  config.eval_every * scale, progress, keep_model=True)
-    algorithm_rows = common.rows(name, seed_values, result, local_steps=steps)
+    algorithm_rows = neural.rows(name, seed_values, result, local_steps=steps)
     for r in algorithm_rows:
       r["local_updates"] = r["round"] * steps
     rows += algorithm_rows
@@ -176,7 +179,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   seen = digits.NUM_CLASSES - config.unseen_classes
   # One program for both final models: the last algorithm's structure serves both.
   analysis = unit("analysis", lambda: jax.device_get(analyse(
-      algorithm, tree.stack(finals), probe_x, probe_y, new, common.hparams(config),
+      algorithm, tree.stack(finals), probe_x, probe_y, new, neural.hparams(config),
       keys[:, 1], seen=seen, epochs=config.finetune_epochs)))
   analysis = {k: np.stack([shared.nan_where_diverged(v[a], metrics)  # NaN: diverged runs
                            for a, metrics in enumerate(trained_metrics)])

@@ -19,7 +19,7 @@ import tempfile
 from fedjax_rep.data import leaf, tfds_data
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import neural
 from fedjax_rep.recipes import table1
 from fedjax_rep.experiments.registry import Recipe, register
 
@@ -154,7 +154,7 @@ def _register(dataset: str, title: str, config, run, settings, quick: dict, summ
                   run=run, plot=plot, default_seeds=1, summarize=summarize,
                   summary_file="table1.csv",
                   mock_data=lambda config: table1.mock_data(config, title), rank=140,
-                  traced=common.traced_keys, summary_only=common.COST,
+                  traced=neural.traced_keys, summary_only=neural.COST,
                   docs="docs/papers/fedrep.md#table-1-neural-networks-on-real-data"))
 
 

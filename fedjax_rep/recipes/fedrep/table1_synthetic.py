@@ -19,7 +19,7 @@ import dataclasses
 from fedjax_rep.data import synthetic
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import neural
 from fedjax_rep.recipes import table1
 from fedjax_rep.experiments.registry import Recipe, register
 
@@ -83,4 +83,4 @@ RECIPE = register(Recipe(
     config=Config, quick={"num_clients": 50, "rounds": 40, "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot,
     default_seeds=3, summarize=summarize, summary_file="table1.csv",
-    traced=common.traced_keys, summary_only=common.COST))
+    traced=neural.traced_keys, summary_only=neural.COST))

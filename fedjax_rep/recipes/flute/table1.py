@@ -20,7 +20,7 @@ from fedjax_rep.data import digits, tfds_data
 from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import neural
 from fedjax_rep.recipes import table1
 from fedjax_rep.experiments.registry import Recipe, register
 
@@ -131,4 +131,4 @@ RECIPE = register(Recipe(
            "rounds": 40, "eval_every": 2, "lr": 0.05, "client_group": 1,
            "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot, default_seeds=1, summarize=summarize, summary_file="table1.csv",
-    mock_data=mock_data, traced=common.traced_keys, summary_only=common.COST))
+    mock_data=mock_data, traced=neural.traced_keys, summary_only=neural.COST))
