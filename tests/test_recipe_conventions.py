@@ -20,7 +20,7 @@ LEAF = ("fedrep-table1-femnist", "fedrep-table1-sent140", "table1-synthetic")
 
 
 def recipe_config(name):
-  return registry.get(name).config()
+  return registry.default_config(registry.get(name))
 
 
 def test_table1_recipes_default_to_the_authors_and_the_others_to_the_papers():

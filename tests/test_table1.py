@@ -11,34 +11,35 @@ import pytest
 import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.recipes import table1
+from fedjax_rep.experiments import table
+from fedjax_rep.recipes.fedrep import paper
 
 
 def table_by(rows, config, dataset, settings):
   """{(algorithm, setting index): table row} of table1.table."""
   out = {}
-  for entry in table1.table(rows, config, dataset, settings):
+  for entry in table.table(rows, config, dataset, settings, paper.PAPER):
     index = next(i for i, s in enumerate(settings) if all(entry[k] == v for k, v in s.items()))
     out[entry["algorithm"], index] = entry
   return out
 
 
 def test_paper_table_has_every_algorithm_and_column():
-  assert len(table1.PAPER) == 7
-  for column in table1.PAPER.values():
-    assert set(column) == set(table1.PAPER_ALGORITHMS) == set(table1.ALGORITHMS) - {"fedbabu"}
+  assert len(paper.PAPER) == 7
+  for column in paper.PAPER.values():
+    assert set(column) == set(paper.PAPER_ALGORITHMS) == set(paper.ALGORITHMS) - {"fedbabu"}
     assert all(0 < v < 1 for v in column.values())
-  assert table1.paper_accuracy("femnist", {"num_clients": 150, "classes_per_client": 3},
-                               "fed-mtl") == pytest.approx(0.5411)
-  assert table1.paper_accuracy("cifar10", {"num_clients": 100, "classes_per_client": 2},
-                               "fedbabu") is None
-  assert table1.paper_accuracy("cifar10", {"num_clients": 1000, "classes_per_client": 2},
-                               "fedrep") == pytest.approx(0.8327)
-  assert table1.paper_accuracy("sent140", {"num_clients": 183}, "fedper") == pytest.approx(
-      0.7212)
-  assert table1.paper_accuracy("cifar10", {"num_clients": 10, "classes_per_client": 2},
-                               "fedrep") is None
-  assert table1.paper_accuracy("synthetic", {"num_clients": 100}, "fedrep") is None
+  assert table.paper_accuracy("femnist", {"num_clients": 150, "classes_per_client": 3},
+                              "fed-mtl", paper.PAPER) == pytest.approx(0.5411)
+  assert table.paper_accuracy("cifar10", {"num_clients": 100, "classes_per_client": 2},
+                              "fedbabu", paper.PAPER) is None
+  assert table.paper_accuracy("cifar10", {"num_clients": 1000, "classes_per_client": 2},
+                              "fedrep", paper.PAPER) == pytest.approx(0.8327)
+  assert table.paper_accuracy("sent140", {"num_clients": 183}, "fedper",
+                              paper.PAPER) == pytest.approx(0.7212)
+  assert table.paper_accuracy("cifar10", {"num_clients": 10, "classes_per_client": 2},
+                              "fedrep", paper.PAPER) is None
+  assert table.paper_accuracy("synthetic", {"num_clients": 100}, "fedrep", paper.PAPER) is None
 
 
 @pytest.mark.parametrize("recipe,env,command", [
@@ -195,7 +196,7 @@ def test_the_mock_data_line_comes_before_training(monkeypatch, capsys, tmp_path)
     said.append(capsys.readouterr().err)
     raise Trained
 
-  monkeypatch.setattr(table1, "shard_run", shard_run)
+  monkeypatch.setattr(table, "shard_run", shard_run)
   with pytest.raises(Trained):
     cli.main(["run", "fedrep-table1-cifar10", "--quick", "--no-progress", "--out",
               str(tmp_path / "out")])

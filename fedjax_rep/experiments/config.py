@@ -122,6 +122,15 @@ def fields(config_type) -> dict[str, dataclasses.Field]:
           if "check" in f.metadata}
 
 
+def saved(config) -> dict:
+  """What config.json records of `config` (`runner.replay` gives it back as --set items):
+  the value of each of its keys and its `options`, as `dataclasses.asdict` gives them; not
+  its other fields (e.g. a dataset that the recipe sets)."""
+  keys = fields(type(config))
+  return {name: value for name, value in dataclasses.asdict(config).items()
+          if name in keys or name == "options"}
+
+
 def takes_options(config) -> bool:
   """Whether `config` takes its algorithms' traced options as keys (it has a field
   `options`)."""

@@ -33,6 +33,8 @@ class Recipe:
   as run(config, seeds, unit, progress, grid=[{KEY: value}, ...]): one dict per combination
   of the swept traced keys, `config` holding their unswept values; it returns the rows of
   every combination, each row carrying those keys as columns with the values of its dict.
+  defaults: the recipe's values of fields of `config` (e.g. the dataset and its settings,
+  where recipes share a configuration class), applied before `quick` and --set.
   plot(rows, config, path) draws the paper-style figure into `path` (PNG).
   summarize(rows, config) -> rows of a summary table (written to `summary_file`), or None.
   summary_only: columns of the rows that only the summary reports (e.g. a method's cost per
@@ -49,6 +51,7 @@ class Recipe:
   quick: dict
   run: Callable
   plot: Callable
+  defaults: dict = dataclasses.field(default_factory=dict)
   default_seeds: int = 1
   summarize: Callable | None = None
   summary_file: str = "summary.csv"
@@ -147,6 +150,12 @@ def get(name: str) -> Recipe:
   return RECIPES[name]
 
 
+def default_config(recipe: Recipe):
+  """The configuration of `recipe` at its defaults: its config's, with its `defaults` over
+  them (not validated)."""
+  return recipe.config(**recipe.defaults)
+
+
 def resolve(name: str, *, quick: bool = False, overrides=()):
   """The validated configuration of recipe `name`.
 
@@ -162,7 +171,7 @@ def resolve(name: str, *, quick: bool = False, overrides=()):
     bad key or value.
   """
   recipe = get(name)
-  config = recipe.config()
+  config = default_config(recipe)
   if quick:
     config = dataclasses.replace(config, **recipe.quick)
   return cfg.override(config, list(overrides))

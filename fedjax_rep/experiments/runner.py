@@ -193,7 +193,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   out = default_out(name) if out is None else out
   with outputs.RunDir(
       out, {"recipe": name, "quick": quick, "seeds": seeds,
-            "config": dataclasses.asdict(config), "grid": grid,
+            "config": cfg.saved(config), "grid": grid,
             "code": {"revision": files.revision(), "source": files.source_fingerprint(),
                      **config.code_record(),
                      "threefry": "flat" if threefry.flat() else "jax",

@@ -19,6 +19,7 @@ from fedjax_rep.data import digits, federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments.registry import Recipe, register
@@ -67,16 +68,11 @@ def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> l
   return rows
 
 
-LABELS = {"fedrep": "FedRep", "fedper": "FedPer", "lg-fedavg": "LG-FedAvg",
-          "fedavg": "FedAvg", "fedavg-ft": "FedAvg + FT", "local": "Local only",
-          "fed-mtl": "Fed-MTL", "fedrod": "FedRoD", "fedcp": "FedCP", "fedbabu": "FedBABU"}
-
-
 def plot(rows, config: Config, file) -> None:
   fig, (acc, loss) = plotting.figure(2, width=5.2, height=3.8)
   for name in config.algorithms:
-    plotting.line(acc, rows, "round", "test_accuracy", LABELS.get(name, name), algorithm=name)
-    plotting.line(loss, rows, "round", "train_loss", LABELS.get(name, name), algorithm=name)
+    plotting.line(acc, rows, "round", "test_accuracy", labels.label(name), algorithm=name)
+    plotting.line(loss, rows, "round", "train_loss", labels.label(name), algorithm=name)
   acc.set(xlabel="communication round", ylabel="test accuracy (mean over clients)")
   loss.set(xlabel="communication round", ylabel="local training loss", yscale="log")
   split = (f"{config.classes_per_client} class shards/client" if config.partition == "classes"

@@ -20,6 +20,7 @@ import numpy as np
 
 from fedjax_rep.linear import local as local_lib
 from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import labels
 from fedjax_rep.recipes.fedavg_ft import common as ft
 from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import plotting
@@ -75,7 +76,7 @@ def plot(rows, config: Config, file) -> None:
   training = [r for r in rows if "finetune_samples" not in r]
   for tau in config.local_steps:
     name = ft.algorithm_name(tau)
-    label = plotting.display_name(name)
+    label = labels.label(name)
     plotting.line(left, training, "round", "global_grad_norm", label, algorithm=name)
     plotting.line(right, rows, "finetune_samples", "finetune_error", label, algorithm=name)
   left.set(yscale="log", xlabel="communication round", ylabel="global gradient norm",

@@ -31,12 +31,13 @@ from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.nn.algorithm import NNState
 from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
 from fedjax_rep.experiments.registry import Recipe, register
 
-LABELS = {"d-sgd": "D-SGD", "fedavg-steps": "FedAvg"}  # the algorithms, in this order
+ALGORITHMS = ("d-sgd", "fedavg-steps")  # the algorithms, in this order
 
 
 def local_steps(name: str, config) -> int:
@@ -160,7 +161,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data
   run_keys = shared.run_keys(keys)
   rows, finals, trained_metrics = [], [], []
-  for name in LABELS:
+  for name in ALGORITHMS:
     steps = local_steps(name, config)
     algorithm = nn_registry.make_algorithm(
         name, model=model, cohort=cohort, batch_size=config.batch_size,
@@ -192,7 +193,7 @@ def analysis_rows(analysis: dict, seed_values: list[int], config: Config) -> lis
   (class_a, class_b, cosine_similarity), one with the similarity gaps, and one per k
   (finetune_samples, new_client_accuracy and its std over the new clients)."""
   rows = []
-  for a, name in enumerate(LABELS):
+  for a, name in enumerate(ALGORITHMS):
     steps = local_steps(name, config)
     for s, seed_value in enumerate(seed_values):
       final_round = config.rounds * config.local_steps // steps
@@ -221,7 +222,7 @@ def summarize(rows, config: Config) -> list[dict]:
   accuracy on the training clients and its similarity gaps (means over those seeds);
   `diverged`: how many seeds were left out because their run diverged (all: NaN)."""
   table = []
-  for name in LABELS:
+  for name in ALGORITHMS:
     diverged = {r["seed"] for r in rows if r["algorithm"] == name and r.get("diverged_round")}
     kept = [r for r in rows if r["algorithm"] == name and r["seed"] not in diverged]
     final_round = max(r["round"] for r in rows if r["algorithm"] == name)
@@ -278,7 +279,8 @@ def plot(rows, config: Config, file) -> None:
   fig, axes = plotting.figure(3, width=4.4, height=3.9, rows=2)
   (loss, test, transfer), (*matrices, difference) = axes[0], axes[1]
   training = [r for r in rows if "train_loss" in r]
-  for name, label in LABELS.items():
+  for name in ALGORITHMS:
+    label = labels.label(name)
     plotting.line(loss, training, "local_updates", "train_loss", label, along="round",
                   algorithm=name)
     plotting.line(test, training, "local_updates", "test_accuracy", label, along="round",
@@ -294,9 +296,9 @@ def plot(rows, config: Config, file) -> None:
                title=f"new clients: a head on the body ({config.finetune_epochs} epochs)")
   transfer.set_xticks(config.finetune_samples, [str(k) for k in config.finetune_samples])
   seen = digits.NUM_CLASSES - config.unseen_classes
-  for ax, (name, label) in zip(matrices, LABELS.items()):
+  for ax, name in zip(matrices, ALGORITHMS):
     similarity_panel(fig, ax, mean_similarity(rows, name), seen, diverging=False)
-    ax.set_title(f"{label}: feature cosine similarity\ngap seen "
+    ax.set_title(f"{labels.label(name)}: feature cosine similarity\ngap seen "
                  f"{column_mean(rows, name, 'similarity_gap_seen'):.2f}, unseen "
                  f"{column_mean(rows, name, 'similarity_gap_unseen'):.2f}")
   similarity_panel(fig, difference, mean_similarity(rows, "fedavg-steps")

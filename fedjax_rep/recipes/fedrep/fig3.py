@@ -19,6 +19,7 @@ from fedjax_rep.core.padding import Padded
 from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS, FedRep
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import placement
 from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import plotting
@@ -88,7 +89,7 @@ def plot(rows, config: Config, file) -> None:
   fig, axes = plotting.figure(len(config.num_clients))
   for ax, n in zip(axes, config.num_clients):
     for name in config.algorithms:
-      plotting.line(ax, rows, "round", "principal_angle", plotting.display_name(name),
+      plotting.line(ax, rows, "round", "principal_angle", labels.label(name),
                     algorithm=name, num_clients=n)
     ax.set(yscale="log", title=f"n = {n}", xlabel="communication round",
            ylabel="principal angle distance")

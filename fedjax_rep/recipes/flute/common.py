@@ -21,13 +21,13 @@ from fedjax_rep.linear.flute import LOSSES
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
 
 NOISE_STD = 0.3 ** 0.5  # App. C.1: label noise of variance 0.3
 ALGORITHMS = ("flute", "fedrep-ri", "fedrep")
-LABELS = {"flute": "FLUTE", "fedrep-ri": "FedRep(RI)", "fedrep": "FedRep"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +174,7 @@ def final_table(rows, cell_keys=("rep_dim", "num_clients", "samples_per_client")
 
 def markdown_table(rows, algorithms=ALGORITHMS) -> str:
   """`final_table` as a markdown table of mean ± std over seeds."""
-  header = ["k", "M", "N", *(LABELS.get(a, a) for a in algorithms), "rank-k floor", "seeds"]
+  header = ["k", "M", "N", *(labels.label(a) for a in algorithms), "rank-k floor", "seeds"]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for cell in final_table(rows):
     values = [f"{cell[a][0]:.3f} ± {cell[a][1]:.3f}" if a in cell else "" for a in algorithms]
@@ -224,7 +224,7 @@ def grid_figure(rows, config, file, *, rep_dims, client_counts, samples, title):
   fig, axes = plotting.grid_of(len(cells), len(columns) if len(columns) > 1 else None)
   for ax, (k, m, n) in zip(axes, cells):
     cell = plotting.select(rows, rep_dim=k, num_clients=m, samples_per_client=n)
-    panel(ax, cell, [(LABELS.get(a, a), {"algorithm": a}) for a in config.algorithms],
+    panel(ax, cell, [(labels.label(a), {"algorithm": a}) for a in config.algorithms],
           f"k={k}, M={m}, N={n}")
   fig.suptitle(title)
   plotting.save(fig, file)

@@ -24,11 +24,11 @@ from fedjax_rep.core import loop
 from fedjax_rep.hetero import schedule, speeds, timed
 from fedjax_rep.linear.fedrep import FedRep
 from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import shared
 
 ALGORITHMS = ("srpfl", "fedrep", "fastest-n")
-LABELS = {"srpfl": "SRPFL", "fedrep": "FedRep (all N)", "fastest-n": "fastest n0 only"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +70,12 @@ class Panels:
                                    ("fixed", "dynamic"), ("fixed", "dynamic"), sequence=True)
   comm_costs: tuple = cfg.setting((0.0, 10.0, 100.0), cfg.Check(float, low=0.0, sequence=True),
                                   "communication costs C per round, one column each")
+
+
+def label(name: str) -> str:
+  """An algorithm's name in the SRPFL figures (`labels.label`), FedRep's saying that it
+  waits for all N clients."""
+  return labels.label(name) + (" (all N)" if name == "fedrep" else "")
 
 
 def speed_model(kind: str, num_clients: int) -> speeds.SpeedModel:

@@ -30,6 +30,7 @@ from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
@@ -41,9 +42,6 @@ ALGORITHMS = {"srpfl": ("fedrep", True), "fedrep": ("fedrep", False),
               "lg-srpfl": ("lg-fedavg", True), "lg-fedavg": ("lg-fedavg", False),
               "flanp-ft": ("fedavg-ft", True), "fedavg-ft": ("fedavg-ft", False),
               "flanp": ("fedavg", True), "fedavg": ("fedavg", False)}
-LABELS = {"srpfl": "SRPFL", "fedrep": "FedRep", "lg-srpfl": "LG-SRPFL",
-          "lg-fedavg": "LG-FedAvg", "flanp-ft": "FLANP-FT", "fedavg-ft": "FedAvg-FT",
-          "flanp": "FLANP", "fedavg": "FedAvg"}
 COLORS = {"fedrep": "tab:blue", "lg-fedavg": "tab:green", "fedavg-ft": "tab:red",
           "fedavg": "tab:orange"}  # by timed algorithm; doubling solid, all N dashed
 QUICK_ALGORITHMS = ("srpfl", "fedrep", "lg-srpfl", "lg-fedavg", "flanp-ft", "fedavg-ft")
@@ -279,7 +277,7 @@ def plot(rows, config: Config, file) -> None:
                                                 along="round", **where)
           ax.plot(xs, mean, color=COLORS[inner], ls="-" if doubling else "--", lw=1.4,
                   alpha=1 - 0.6 * g / len(grids),
-                  label=LABELS[name] + ("" if label is None else f" ({label})"))
+                  label=labels.label(name) + ("" if label is None else f" ({label})"))
           ax.fill_between(xs, low, high, color=COLORS[inner], alpha=0.12, lw=0)
       ax.axhline(np.mean([r["target"] for r in panel if r["round"] == 1]), color="black",
                  ls=":", lw=1, label="target")
