@@ -23,6 +23,7 @@ from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import placement
 from fedjax_rep.experiments import plotting
 
+
 def paper_accuracy(dataset: str, setting: dict, algorithm: str, paper: dict) -> float | None:
   """A paper table's accuracy (a fraction) of `algorithm` in `setting` of `dataset`, or
   None where the paper has no such entry.
@@ -84,6 +85,7 @@ def leaf_averaging():
 
 
 def source():
+  """The `source` field of the recipes on real data: the prepared files, or mock data."""
   return cfg.choice("where the data come from: the prepared files, or random mock data in "
                     "the same format (tests and --quick: the accuracies mean nothing)",
                     "files", ("files", "mock"))
@@ -97,7 +99,7 @@ def mock_data(config, dataset: str) -> str | None:
 
 def check_paired(config, *names: str) -> None:
   """ConfigError unless the sequence fields `names` have the same length."""
-  lengths = {n: len(getattr(config, n)) for n in names}
+  lengths = {n: len(vars(config)[n]) for n in names}
   if len(set(lengths.values())) > 1:
     raise cfg.ConfigError(f"{' and '.join(names)} pair up into settings, so they need the "
                           f"same length; got {lengths}")
@@ -148,6 +150,7 @@ class ShardConfig(Fields):
 
 
 def shard_settings(config: ShardConfig) -> list[dict]:
+  """The settings of `config`: its (num_clients, classes_per_client) pairs."""
   return [{"num_clients": n, "classes_per_client": s}
           for n, s in zip(config.num_clients, config.classes_per_client)]
 

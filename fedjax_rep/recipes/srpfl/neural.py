@@ -110,7 +110,8 @@ class Config(sc.Panels, neural.Training):
 def setting(config: Config) -> dict:
   """The dataset's model, classes, M, S, lr and local epochs, with the config's non-zero
   fields over them."""
-  return {k: getattr(config, k, 0) or v for k, v in DATASETS[config.dataset].items()}
+  fields = vars(config)
+  return {k: fields.get(k, 0) or v for k, v in DATASETS[config.dataset].items()}
 
 
 def data(config: Config, seed_values) -> federated.ClientDatasets:
