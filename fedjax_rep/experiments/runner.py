@@ -63,8 +63,8 @@ def _sweep(recipe, config, seeds, swept, unit, progress) -> list[dict]:
       print(line, file=sys.stderr)
   if not swept.grid:
     return recipe.run(config, seeds, unit=unit, progress=progress)
-  traced, shapes = swept.split(recipe.traced(config) if callable(recipe.traced)
-                               else recipe.traced)
+  traced_keys = recipe.traced(config) if callable(recipe.traced) else recipe.traced
+  traced, shapes = swept.split(traced_keys)
   traced_grid = {} if traced is None else {"grid": traced}
   combinations = dict(zip(swept.labels, swept.combinations))
   rows = []
@@ -76,18 +76,20 @@ def _sweep(recipe, config, seeds, swept, unit, progress) -> list[dict]:
       label = cfg.combination_label({key: shape[key] if key in shape else row.get(key)
                                      for key in swept.grid})
       if label not in combinations:
+        swept_traced = ", ".join(key for key in swept.grid if key in traced_keys)
         raise RuntimeError(f"recipe {recipe.name} returned a row of {label}, which is not a "
                            f"combination of its grid; its run must return the traced keys "
-                           f"{', '.join(traced[0] if traced else ())} as columns with the values it was given")
+                           f"{swept_traced} as columns with the values it was given")
       rows.append({**row, **combinations[label], "grid": label})
   return rows
 
 
 def mock_lines(recipe, configs) -> list[str]:
   """One line for each different mock data (`Recipe.mock_data`) that the configurations
-  `configs` (those of a sweep's combinations) train on, e.g. "fedjax-rep: fedrep-table1-cifar10 runs on mock data
-  (random examples in the format of CIFAR-10), not the real dataset (source=mock, as
-  --quick sets): its numbers mean nothing; `fedjax-rep data` says how to get the data"."""
+  `configs` (those of a sweep's combinations) train on, e.g. "fedjax-rep:
+  fedrep-table1-cifar10 runs on mock data (random examples in the format of CIFAR-10),
+  not the real dataset (source=mock, as --quick sets): its numbers mean nothing;
+  `fedjax-rep data` says how to get the data"."""
   if recipe.mock_data is None:
     return []
   mocks = dict.fromkeys(map(recipe.mock_data, configs))
