@@ -218,3 +218,15 @@ def test_summaries_take_the_last_or_the_best_evaluation_when_asked():
   assert best["test_accuracy"] == pytest.approx(0.8) and best["last_evaluations"] == 3
   assert (last["statistic"], best["statistic"]) == ("last evaluation", "best of 3 evaluations")
   assert neural.averaged_text(rows, "best") == "best of 3 evaluations"
+
+
+def test_one_table_of_labels_names_every_method_once():
+  """`labels.label`: the papers' spelling (FedAvg + FT everywhere), FedAvg's local steps
+  for the linear 'fedavg-tauN', a plugin's name as it is; a Table-1 figure adds "(not in
+  paper)" to a method its paper has no row of."""
+  from fedjax_rep.experiments import labels
+  assert labels.label("fedavg-ft") == "FedAvg + FT" and labels.label("local") == "Local only"
+  assert labels.label("fedavg-tau5") == "FedAvg, τ = 5"
+  assert labels.label("my-method") == "my-method"
+  assert table.label("fedbabu", paper.PAPER) == "FedBABU (not in paper)"
+  assert table.label("fedrep", paper.PAPER) == "FedRep"
