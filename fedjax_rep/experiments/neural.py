@@ -210,7 +210,7 @@ def resolved_conventions(config) -> conventions_lib.Conventions:
 def options_text(config) -> str:
   """A figure title's words for the traced options config sets, e.g. ", server_beta=0.9"
   (empty where it sets none)."""
-  return "".join(f", {name}={value:g}" for name, value in config.options)
+  return "".join(f", {name}={value:g}" for name, value in getattr(config, "options", ()))
 
 
 def conventions_text(config) -> str:
