@@ -47,8 +47,8 @@ def paper_accuracy(dataset: str, setting: dict, algorithm: str, paper: dict) -> 
 @dataclasses.dataclass(frozen=True)
 class Fields(neural.Training):
   """The configuration fields every Table-1 recipe has: the neural training schedule, the
-  algorithms (any registered neural algorithm; each recipe gives its table's as its
-  `Recipe.defaults`) and the baselines' hyperparameters (defaults: the algorithms' own),
+  algorithms (any registered neural algorithm; a recipe's Config gives its table's as the
+  default) and the baselines' hyperparameters (defaults: the algorithms' own),
   and the authors' code's training conventions (`nn.conventions`: the papers' tables came
   from that code). A recipe's Config derives from it and adds its data fields."""
   algorithms: tuple = neural.algorithms()

@@ -31,6 +31,7 @@ QUICK_ALGORITHMS = ("local", "fedavg-ft", "fedrep")
 class CifarConfig(table.ShardConfig):
   """CIFAR-10 or CIFAR-100 (`dataset`, set by each recipe's `Recipe.defaults` with its
   settings; not a key)."""
+  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
   dataset: str = "cifar10"
 
   def check(self):
@@ -41,6 +42,7 @@ class CifarConfig(table.ShardConfig):
 
 @dataclasses.dataclass(frozen=True)
 class FemnistConfig(table.ShardConfig):
+  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
   num_clients: tuple = cfg.positive_int("number of clients n of each setting", (150,),
                                         sequence=True)
   classes_per_client: tuple = cfg.positive_int(
@@ -61,6 +63,7 @@ class FemnistConfig(table.ShardConfig):
 
 @dataclasses.dataclass(frozen=True)
 class Sent140Config(table.Fields):
+  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
   num_clients: int = cfg.num_clients(183)
   max_len: int = cfg.positive_int("tokens per tweet (longer ones are cut, shorter padded)", 25)
   vocab_size: int = cfg.positive_int("vocabulary: the most frequent words of the clients' "
@@ -135,7 +138,7 @@ def _register(dataset: str, title: str, config, run, settings, quick: dict, summ
                "FedRep Table 1")
 
   register(Recipe(name=f"fedrep-table1-{dataset}", summary=summary, config=config,
-                  defaults={"algorithms": paper.ALGORITHMS, **defaults},
+                  defaults=defaults,
                   quick={"source": "mock", "algorithms": QUICK_ALGORITHMS, **quick},
                   run=run, plot=plot, default_seeds=1, summarize=summarize,
                   summary_file="table1.csv",

@@ -31,6 +31,7 @@ QUICK_ALGORITHMS = ("local", "fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedr
 
 @dataclasses.dataclass(frozen=True)
 class Config(table.Fields):
+  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
   num_clients: int = cfg.num_clients(100)
   alpha: tuple = cfg.setting((0.0, 0.5, 1.0), cfg.Check(float, low=0.0, sequence=True),
                              "model heterogeneity alpha of each setting")
@@ -81,8 +82,7 @@ RECIPE = register(Recipe(
     docs="docs/papers/fedrep.md#synthetic-table1-synthetic",
     summary="FedRep's Table-1 algorithms on LEAF's Synthetic(0,0), (0.5,0.5), (1,1) "
             "(offline); table1.csv",
-    config=Config, defaults={"algorithms": paper.ALGORITHMS},
-    quick={"num_clients": 50, "rounds": 40, "algorithms": QUICK_ALGORITHMS},
+    config=Config, quick={"num_clients": 50, "rounds": 40, "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot,
     default_seeds=3, summarize=summarize, summary_file="table1.csv",
     traced=neural.traced_keys, summary_only=neural.COST))

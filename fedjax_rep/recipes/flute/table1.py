@@ -61,6 +61,7 @@ class Config(table.ShardConfig):
   classes_per_client: tuple = cfg.positive_int(
       "classes per client m of each setting (paired with num_clients)",
       SETTINGS["cifar10"][1], sequence=True)
+  algorithms: tuple = neural.algorithms(ALGORITHMS)
   head_epochs: int = cfg.positive_int("FedRep's head epochs per round (FedRep* and FLUTE*: "
                                       "10); also FedAvg-FT's fine-tuning epochs", 1)
   flute_nc: float = cfg.nonnegative_float("FLUTE's weight lambda3 of the neural-collapse term",
@@ -121,7 +122,7 @@ RECIPE = register(Recipe(
     docs="docs/papers/flute.md#table-1-neural-networks-flute-table1",
     summary="FLUTE Table 1: FLUTE, FLUTE*, FedRep, FedRep*, FedRoD, FedCP, FedPer, LG-FedAvg, "
             "FedAvg(-FT), + FedBABU on CIFAR-10/100 partitions (tfds files; --quick: digits)",
-    config=Config, defaults={"algorithms": ALGORITHMS},
+    config=Config,
     quick={"dataset": "digits", "num_clients": (20, 20), "classes_per_client": (2, 5),
            "rounds": 40, "eval_every": 2, "lr": 0.05, "client_group": 1,
            "algorithms": QUICK_ALGORITHMS},
