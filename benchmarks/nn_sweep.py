@@ -11,7 +11,7 @@ client groups of --client-group), evaluated every --eval-every rounds. G setting
 the recipe's lr 0.05, momentum 0.5), weight decay 1e-4. Two ways to run the G x S runs:
   one program        one `core.loop.run` with sweep_axes (0, 0, 0): the hparams stacked
                      over the G x S runs (setting-major), the data and the run keys tiled G
-                     times (`recipes.shared.concatenate`, `recipes.neural.run_keys`);
+                     times (`experiments.shared.concatenate`, `experiments.neural.run_keys`);
   one at a time      for each setting, `core.loop.run` over the S seeds with sweep_axes
                      (0, None, 0), as a recipe runs one setting: its program compiles once
                      and serves every setting (the hparams are traced).

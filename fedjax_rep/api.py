@@ -47,6 +47,10 @@ from fedjax_rep.nn.models import MODELS, make_model
 from fedjax_rep.nn.registry import make_algorithm as make_neural_algorithm
 from fedjax_rep.nn.registry import register as register_algorithm
 from fedjax_rep.nn.state import RoundInfo
-from fedjax_rep.experiments import RECIPES, resolve, run_to_dir
-from fedjax_rep.experiments import run as run_recipe
 from fedjax_rep.experiments.config import ConfigError
+from fedjax_rep.experiments.registry import all_recipes as _all_recipes
+from fedjax_rep.experiments.registry import resolve
+from fedjax_rep.experiments.runner import run as run_recipe
+from fedjax_rep.experiments.runner import run_to_dir
+
+RECIPES = _all_recipes()  # every recipe by name, in listing order

@@ -86,7 +86,7 @@ def main() -> int:
   parser.add_argument("--algorithms", nargs="+", default=None,
                       help="the methods (default: the recipe's algorithms)")
   args = parser.parse_args()
-  config = registry.get(RECIPE).config(source="mock")
+  config = registry.resolve(RECIPE, overrides=["source=mock"])
   start = time.perf_counter()
   result = rows(config, args.algorithms or config.algorithms)
   n, s = config.num_clients[0], config.classes_per_client[0]

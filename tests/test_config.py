@@ -9,6 +9,7 @@ import pytest
 
 import fedjax_rep as fr
 from fedjax_rep import cli
+from fedjax_rep.experiments import config as cfg
 
 TINY = ["num_clients=10,20", "rounds=3", "samples_per_client=4"]
 
@@ -213,7 +214,6 @@ def test_placement_refused_before_any_work(recipe, items, pattern, capsys, tmp_p
 
 def test_placement_fields_are_listed_last():
   """Every recipe has devices and cohort_groups, listed after its own keys."""
-  from fedjax_rep.experiments import config as cfg
   assert list(cfg.fields(type(fr.resolve("fedrep-fig3"))))[-2:] == ["devices", "cohort_groups"]
   with pytest.raises(fr.ConfigError, match=r"valid keys: .*, devices, cohort_groups; "
                                            r"options of the algorithms"):
@@ -224,7 +224,6 @@ def test_placement_fields_are_listed_last():
 def test_every_recipes_configuration_replays(quick, tmp_path):
   """A config.json's settings (auto ones, None, included) give back the same configuration
   (what --resume and --from-config read)."""
-  import dataclasses
   from fedjax_rep.experiments import registry
   from fedjax_rep.experiments import runner
   from fedjax_rep.data.missing import DataMissing
@@ -235,7 +234,7 @@ def test_every_recipes_configuration_replays(quick, tmp_path):
       continue
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps({"recipe": name, "quick": quick,
-                                "config": dataclasses.asdict(config)}))
+                                "config": cfg.saved(config)}))
     what = runner.replay(str(path))
     assert registry.resolve(name, quick=quick, overrides=what["overrides"]) == config, name
 

@@ -18,7 +18,8 @@ from fedjax_rep.nn import models, representation, train
 from fedjax_rep.nn.fedavg_steps import FedAvgSteps
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.fedavg_ft import neural as fedavg_ft_neural
-from fedjax_rep import experiments
+from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import runner
 import nn_reference as ref
 
 HP = hparams_lib.hparams(lr=0.1, momentum=0.5, weight_decay=1e-3)
@@ -192,20 +193,20 @@ def test_class_cosine_similarity_matches_reference():
 
 def test_config_checks_the_split():
   with pytest.raises(cfg.ConfigError, match="leaves 1 class"):
-    experiments.resolve("fedavg-ft-neural", overrides=["unseen_classes=9"])
+    registry.resolve("fedavg-ft-neural", overrides=["unseen_classes=9"])
   with pytest.raises(cfg.ConfigError, match="finetune_samples=500"):
-    experiments.resolve("fedavg-ft-neural", overrides=["finetune_samples=1,500"])
+    registry.resolve("fedavg-ft-neural", overrides=["finetune_samples=1,500"])
 
 
 @pytest.mark.slow
 def test_recipe_quick(tmp_path):
-  out = experiments.run_to_dir("fedavg-ft-neural", quick=True, seeds=2, out=str(tmp_path),
+  out = runner.run_to_dir("fedavg-ft-neural", quick=True, seeds=2, out=str(tmp_path),
                            progress=False)
-  config = experiments.resolve("fedavg-ft-neural", quick=True)
+  config = registry.resolve("fedavg-ft-neural", quick=True)
   with open(f"{out}/summary.csv") as f:
     summary = list(csv.DictReader(f))
   assert [(r["algorithm"], int(r["finetune_samples"])) for r in summary] == [
-      (name, k) for name in fedavg_ft_neural.LABELS for k in config.finetune_samples]
+      (name, k) for name in fedavg_ft_neural.ALGORITHMS for k in config.finetune_samples]
   for r in summary:
     for column in ("new_client_accuracy", "final_test_accuracy", "similarity_gap_seen",
                    "similarity_gap_unseen"):
@@ -228,9 +229,9 @@ def test_diverged_runs_analysis_is_nan_and_left_out_of_the_summary(tmp_path, cap
   """With lr = 1e6 every run diverges: the analysis of its final model (kept from before it
   diverged) is NaN in metrics.csv (similarities, gaps, new clients' accuracy), and
   summary.csv counts the runs in `diverged` and averages none (NaN)."""
-  out = experiments.run_to_dir("fedavg-ft-neural", quick=True, seeds=2, out=str(tmp_path),
+  out = runner.run_to_dir("fedavg-ft-neural", quick=True, seeds=2, out=str(tmp_path),
                            overrides=["lr=1e6"], progress=False)
-  assert len(capsys.readouterr().err.splitlines()) == 2 * len(fedavg_ft_neural.LABELS)
+  assert len(capsys.readouterr().err.splitlines()) == 2 * len(fedavg_ft_neural.ALGORITHMS)
   with open(f"{out}/metrics.csv") as f:
     rows = list(csv.DictReader(f))
   analysis = [r for r in rows if r["cosine_similarity"] or r["new_client_accuracy"]
@@ -248,9 +249,9 @@ def test_diverged_runs_analysis_is_nan_and_left_out_of_the_summary(tmp_path, cap
 
 def test_the_summary_leaves_out_diverged_runs():
   """Seed 1 diverged: the summary averages seed 0's numbers alone and counts seed 1."""
-  config = experiments.resolve("fedavg-ft-neural", quick=True, overrides=["finetune_samples=1"])
+  config = registry.resolve("fedavg-ft-neural", quick=True, overrides=["finetune_samples=1"])
   rows = []
-  for name in fedavg_ft_neural.LABELS:
+  for name in fedavg_ft_neural.ALGORITHMS:
     for seed, value, diverged in ((0, 0.5, 0), (1, np.nan, 3)):
       base = {"algorithm": name, "seed": seed, "round": 5}
       rows += [{**base, "diverged_round": diverged, "test_accuracy": value},
@@ -258,7 +259,7 @@ def test_the_summary_leaves_out_diverged_runs():
                {**base, "finetune_samples": 1, "new_client_accuracy": value}]
   summary = fedavg_ft_neural.summarize(rows, config)
   assert [(r["algorithm"], r["seeds"], r["diverged"]) for r in summary] == [
-      (name, 1, 1) for name in fedavg_ft_neural.LABELS]
+      (name, 1, 1) for name in fedavg_ft_neural.ALGORITHMS]
   for r in summary:
     assert r["new_client_accuracy"] == r["final_test_accuracy"] == 0.5
     assert r["similarity_gap_seen"] == r["similarity_gap_unseen"] == 0.5

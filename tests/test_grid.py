@@ -19,7 +19,7 @@ from fedjax_rep.experiments import runner
 
 
 @dataclasses.dataclass(frozen=True)
-class TinyConfig:
+class TinyConfig(cfg.Config):
   lr: float = cfg.lr(0.1)
   size: int = cfg.positive_int("a shape", 1)
   sizes: tuple = cfg.positive_int("a list of shapes", (1, 2), sequence=True)

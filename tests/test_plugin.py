@@ -192,3 +192,27 @@ def test_the_same_plugin_loads_again_but_no_name_twice(plugin, tmp_path):
   other.write_text(PLUGIN)  # another file registering the same name
   with pytest.raises(plugins.PluginError, match=f"'{NAME}' is registered already"):
     plugins.load(str(other))
+
+
+@pytest.mark.parametrize("recipe,setting", [  # one small setting each, to keep CI short
+    ("fedrep-table1-cifar10", ["num_clients=10", "classes_per_client=2"]),
+    ("flute-table1", ["num_clients=20", "classes_per_client=2"]),
+    pytest.param("table1-synthetic", ["num_clients=20", "alpha=1", "beta=1"],
+                 marks=pytest.mark.slow)])
+def test_a_plugin_algorithm_runs_in_a_table1_recipe_beside_built_in_ones(recipe, setting,
+                                                                          plugin, tmp_path):
+  """The Table-1 recipes take a registered algorithm that their paper does not have: its
+  table1.csv row has no paper number, its bar its name."""
+  from fedjax_rep.experiments import table
+  out = tmp_path / "out"
+  items = [f"algorithms=fedrep,{NAME}", "rounds=2", "eval_every=1", *setting]
+  assert cli.main(["run", recipe, "--quick", "--plugin", str(plugin), "--no-progress",
+                   *[arg for item in items for arg in ("--set", item)],
+                   "--out", str(out)]) == 0
+  with open(out / "table1.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert {r["algorithm"] for r in rows} == {"fedrep", NAME}
+  assert all(r["paper_test_accuracy"] == "" for r in rows if r["algorithm"] == NAME)
+  assert 0 <= float(rows[-1]["test_accuracy"]) <= 1
+  assert (out / f"{recipe}.png").stat().st_size > 0
+  assert table.label(NAME, {}) == f"{NAME} (not in paper)"

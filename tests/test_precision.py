@@ -22,7 +22,6 @@ from fedjax_rep.nn.conv import conv_im2col, max_pool2
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import neural as common
 from fedjax_rep.experiments import registry
-from fedjax_rep.experiments import runner
 
 INPUTS = {"digits-mlp": (8, 8, 1), "digits-cnn": (8, 8, 1), "cifar10-cnn": (32, 32, 3),
           "synthetic-mlp": (60,), "sent140-lstm": (12,)}
@@ -172,12 +171,12 @@ def test_precision_record():
                                        r"tf32, bf16"):
     models.precision_record("fp16")
   config = fr.resolve("digits-personalized")
-  assert runner.precision_record(config, {}) == {
-      "precision": {"name": "float32", "matmul": "highest"}}
-  assert runner.precision_record(config, {"precision": ("float32", "bf16")}) == {
-      "precision": [{"name": "float32", "matmul": "highest"},
-                    {"name": "bf16", "matmul": "bfloat16"}]}
-  assert runner.precision_record(registry.get("fedrep-fig3").config(), {}) == {}
+  assert config.record(cfg.sweep(config, {}))["precision"] == {
+      "name": "float32", "matmul": "highest"}
+  assert config.record(cfg.sweep(config, {"precision": ("float32", "bf16")}))["precision"] == [
+      {"name": "float32", "matmul": "highest"}, {"name": "bf16", "matmul": "bfloat16"}]
+  linear = fr.resolve("fedrep-fig3")
+  assert linear.record(cfg.sweep(linear, {})) == {}
 
 
 @pytest.mark.parametrize("name", sorted(INPUTS))

@@ -13,7 +13,6 @@ from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import registry
-from fedjax_rep.experiments import runner
 
 TABLE1 = ("fedrep-table1-cifar10", "fedrep-table1-cifar100", "fedrep-table1-femnist",
           "fedrep-table1-sent140", "flute-table1", "table1-synthetic")
@@ -21,7 +20,7 @@ LEAF = ("fedrep-table1-femnist", "fedrep-table1-sent140", "table1-synthetic")
 
 
 def recipe_config(name):
-  return registry.get(name).config()
+  return registry.default_config(registry.get(name))
 
 
 def test_table1_recipes_default_to_the_authors_and_the_others_to_the_papers():
@@ -80,13 +79,14 @@ def test_what_reaches_the_engine():
 
 
 def test_config_json_records_the_conventions_of_each_grid_combination():
-  config = recipe_config("flute-table1")
-  assert runner.conventions_record(config, {}) == {"conventions": {
-      "preset": "authors", **conventions.PRESETS["authors"].described()}}
-  record = runner.conventions_record(config, {"conventions": ("paper", "authors")})
+  config = cfg.override(recipe_config("flute-table1"), ["dataset=digits"])  # no files needed
+  assert config.record(cfg.sweep(config, {}))["conventions"] == {
+      "preset": "authors", **conventions.PRESETS["authors"].described()}
+  record = config.record(cfg.sweep(config, {"conventions": ("paper", "authors")}))
   assert record["conventions"]["conventions=paper"]["averaging"] == "samples"
   assert record["conventions"]["conventions=authors"]["averaging"] == "uniform"
-  assert runner.conventions_record(registry.get("fedrep-fig3").config(), {}) == {}
+  linear = registry.resolve("fedrep-fig3")
+  assert linear.record(cfg.sweep(linear, {})) == {}
 
 
 @pytest.mark.slow

@@ -3,11 +3,14 @@ any table), the README's recipe table is the registry's, and the recipes' config
 share their common fields through base classes instead of repeating them."""
 
 import ast
+import dataclasses
 import os
 import pathlib
 import runpy
 import subprocess
 import sys
+
+import pytest
 
 from fedjax_rep.experiments import registry
 
@@ -111,3 +114,21 @@ def test_no_config_field_block_is_repeated_across_recipe_modules():
         where = f"{path.relative_to(ROOT)} (class {index})"
         assert seen.setdefault(pair, where) == where, (
             f"{pair} is declared in {seen[pair]} and again in {where}")
+
+
+def test_a_recipe_whose_configuration_is_not_a_config_is_refused():
+  """Every recipe's configuration derives from `experiments.config.Config` (its neutral
+  methods are what shared code calls)."""
+  import dataclasses
+
+  import pytest
+
+  @dataclasses.dataclass(frozen=True)
+  class Plain:
+    rounds: int = 2
+
+  with pytest.raises(ValueError, match=r"recipe test-plain: its configuration Plain does not "
+                                       r"derive from fedjax_rep.experiments.config.Config"):
+    registry.register(registry.Recipe(name="test-plain", summary="", config=Plain, quick={},
+                                      run=None, plot=None))
+  assert "test-plain" not in registry.RECIPES

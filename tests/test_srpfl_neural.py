@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fedjax_rep as fr
-import fedjax_rep.experiments
+import fedjax_rep.experiments.runner
 from fedjax_rep.data.missing import DataMissing
 from fedjax_rep.hetero import speeds, timed
 from fedjax_rep.recipes.srpfl import neural as srpfl_neural
@@ -140,7 +140,7 @@ def test_datasets_with_files_give_s_classes_per_client(dataset, shape, labels, m
 @pytest.mark.slow
 def test_quick_recipe_srpfl_reaches_the_target_before_fedrep_at_no_communication_cost():
   # The settings the assertions read (fixed speeds, C = 0), to keep CI short
-  rows, config = fedjax_rep.experiments.run(
+  rows, config = fedjax_rep.experiments.runner.run(
       "srpfl-neural", quick=True, progress=False,
       overrides=["speed_models=fixed", "comm_costs=0",
                  "algorithms=srpfl,fedrep,flanp-ft,fedavg-ft"])

@@ -2,6 +2,7 @@
 the one-line stop without data, and table1.csv with the paper's numbers."""
 
 import csv
+import dataclasses
 import time
 
 import numpy as np
@@ -10,34 +11,35 @@ import pytest
 import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.recipes import table1
+from fedjax_rep.experiments import table
+from fedjax_rep.recipes.fedrep import paper
 
 
 def table_by(rows, config, dataset, settings):
   """{(algorithm, setting index): table row} of table1.table."""
   out = {}
-  for entry in table1.table(rows, config, dataset, settings):
+  for entry in table.table(rows, config, dataset, settings, paper.PAPER):
     index = next(i for i, s in enumerate(settings) if all(entry[k] == v for k, v in s.items()))
     out[entry["algorithm"], index] = entry
   return out
 
 
 def test_paper_table_has_every_algorithm_and_column():
-  assert len(table1.PAPER) == 7
-  for column in table1.PAPER.values():
-    assert set(column) == set(table1.PAPER_ALGORITHMS) == set(table1.ALGORITHMS) - {"fedbabu"}
+  assert len(paper.PAPER) == 7
+  for column in paper.PAPER.values():
+    assert set(column) == set(paper.PAPER_ALGORITHMS) == set(paper.ALGORITHMS) - {"fedbabu"}
     assert all(0 < v < 1 for v in column.values())
-  assert table1.paper_accuracy("femnist", {"num_clients": 150, "classes_per_client": 3},
-                               "fed-mtl") == pytest.approx(0.5411)
-  assert table1.paper_accuracy("cifar10", {"num_clients": 100, "classes_per_client": 2},
-                               "fedbabu") is None
-  assert table1.paper_accuracy("cifar10", {"num_clients": 1000, "classes_per_client": 2},
-                               "fedrep") == pytest.approx(0.8327)
-  assert table1.paper_accuracy("sent140", {"num_clients": 183}, "fedper") == pytest.approx(
-      0.7212)
-  assert table1.paper_accuracy("cifar10", {"num_clients": 10, "classes_per_client": 2},
-                               "fedrep") is None
-  assert table1.paper_accuracy("synthetic", {"num_clients": 100}, "fedrep") is None
+  assert table.paper_accuracy("femnist", {"num_clients": 150, "classes_per_client": 3},
+                              "fed-mtl", paper.PAPER) == pytest.approx(0.5411)
+  assert table.paper_accuracy("cifar10", {"num_clients": 100, "classes_per_client": 2},
+                              "fedbabu", paper.PAPER) is None
+  assert table.paper_accuracy("cifar10", {"num_clients": 1000, "classes_per_client": 2},
+                              "fedrep", paper.PAPER) == pytest.approx(0.8327)
+  assert table.paper_accuracy("sent140", {"num_clients": 183}, "fedper",
+                              paper.PAPER) == pytest.approx(0.7212)
+  assert table.paper_accuracy("cifar10", {"num_clients": 10, "classes_per_client": 2},
+                              "fedrep", paper.PAPER) is None
+  assert table.paper_accuracy("synthetic", {"num_clients": 100}, "fedrep", paper.PAPER) is None
 
 
 @pytest.mark.parametrize("recipe,env,command", [
@@ -162,8 +164,8 @@ def test_mock_data_is_said_for_exactly_the_configurations_that_train_on_it():
   source=mock say one line; the real files, and flute-table1 --quick (digits), none."""
   from fedjax_rep.experiments import registry
   from fedjax_rep.experiments import runner
-  quick = {name: runner.mock_lines(registry.get(name), registry.resolve(name, quick=True),
-                                     {}) for name in registry.all_recipes()}
+  quick = {name: runner.mock_lines(registry.get(name), [registry.resolve(name, quick=True)])
+           for name in registry.all_recipes()}
   assert {name for name, lines in quick.items() if lines} == {
       f"fedrep-table1-{d}" for d in ("cifar10", "cifar100", "femnist", "sent140")}
   assert quick["fedrep-table1-femnist"] == [
@@ -172,13 +174,13 @@ def test_mock_data_is_said_for_exactly_the_configurations_that_train_on_it():
       "mean nothing; `fedjax-rep data` says how to get the data"]
   flute = registry.get("flute-table1")
   config = flute.config(dataset="cifar10", source="mock")
-  assert runner.mock_lines(flute, config, {}) == [
+  assert runner.mock_lines(flute, [config]) == [
       "fedjax-rep: flute-table1 runs on mock data (random examples in the format of cifar10), "
       "not the real dataset (source=mock, as --quick sets): its numbers mean nothing; "
       "`fedjax-rep data` says how to get the data"]
-  assert runner.mock_lines(flute, config, {"source": ("files", "mock")}) == \
-      runner.mock_lines(flute, config, {})  # once, for the combination on mock data
-  assert runner.mock_lines(flute, flute.config(dataset="cifar10"), {}) == []
+  both = [dataclasses.replace(config, source=source) for source in ("files", "mock")]
+  assert runner.mock_lines(flute, both) == runner.mock_lines(flute, [config])  # once
+  assert runner.mock_lines(flute, [flute.config(dataset="cifar10")]) == []
 
 
 class Trained(Exception):
@@ -194,7 +196,7 @@ def test_the_mock_data_line_comes_before_training(monkeypatch, capsys, tmp_path)
     said.append(capsys.readouterr().err)
     raise Trained
 
-  monkeypatch.setattr(table1, "shard_run", shard_run)
+  monkeypatch.setattr(table, "shard_run", shard_run)
   with pytest.raises(Trained):
     cli.main(["run", "fedrep-table1-cifar10", "--quick", "--no-progress", "--out",
               str(tmp_path / "out")])
@@ -216,3 +218,15 @@ def test_summaries_take_the_last_or_the_best_evaluation_when_asked():
   assert best["test_accuracy"] == pytest.approx(0.8) and best["last_evaluations"] == 3
   assert (last["statistic"], best["statistic"]) == ("last evaluation", "best of 3 evaluations")
   assert neural.averaged_text(rows, "best") == "best of 3 evaluations"
+
+
+def test_one_table_of_labels_names_every_method_once():
+  """`labels.label`: the papers' spelling (FedAvg + FT everywhere), FedAvg's local steps
+  for the linear 'fedavg-tauN', a plugin's name as it is; a Table-1 figure adds "(not in
+  paper)" to a method its paper has no row of."""
+  from fedjax_rep.experiments import labels
+  assert labels.label("fedavg-ft") == "FedAvg + FT" and labels.label("local") == "Local only"
+  assert labels.label("fedavg-tau5") == "FedAvg, τ = 5"
+  assert labels.label("my-method") == "my-method"
+  assert table.label("fedbabu", paper.PAPER) == "FedBABU (not in paper)"
+  assert table.label("fedrep", paper.PAPER) == "FedRep"

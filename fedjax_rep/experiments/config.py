@@ -1,14 +1,15 @@
-"""Recipe configurations: frozen dataclasses whose fields carry their own valid range.
+"""Recipe configurations: frozen dataclasses (derived from `Config`) whose fields carry
+their own valid range.
 
-`--set KEY=VALUE` goes through `override`, `--grid KEY=V1,V2,...` through `parse_grid`
+`--set KEY=VALUE` goes through `override`, `--grid KEY=V1,V2,...` through `sweep`
 (which checks every combination of the sweep), and every configuration through `validate`,
 before anything is compiled: a bad key or value is a `ConfigError` that names the key,
 the value, the valid range and the valid keys.
 
 A configuration with a field `options` (a tuple of (name, value) pairs, not a key itself)
-and a method `declared_options()` ({name: `nn.hparams.Option`}) also takes as keys the
-traced options its algorithms declare: `--set server_beta=0.9` stores ("server_beta", 0.9)
-in `options`, each value checked by its Option.
+also takes as keys the traced options its algorithms declare (`Config.declared_options`):
+`--set server_beta=0.9` stores ("server_beta", 0.9) in `options`, each value checked by
+its Option.
 """
 
 import dataclasses
@@ -121,10 +122,19 @@ def fields(config_type) -> dict[str, dataclasses.Field]:
           if "check" in f.metadata}
 
 
-def declared_options(config) -> dict:
-  """{name: Option} of the traced options that `config` takes as keys besides its fields
-  (`config.declared_options()`; {} for a configuration without)."""
-  return config.declared_options() if hasattr(config, "declared_options") else {}
+def saved(config) -> dict:
+  """What config.json records of `config` (`runner.replay` gives it back as --set items):
+  the value of each of its keys and its `options`, as `dataclasses.asdict` gives them; not
+  its other fields (e.g. a dataset that the recipe sets)."""
+  keys = fields(type(config))
+  return {name: value for name, value in dataclasses.asdict(config).items()
+          if name in keys or name == "options"}
+
+
+def takes_options(config) -> bool:
+  """Whether `config` takes its algorithms' traced options as keys (it has a field
+  `options`)."""
+  return any(f.name == "options" for f in dataclasses.fields(config))
 
 
 def with_options(config, values: dict):
@@ -169,14 +179,14 @@ def _check(config, key: str, option: str) -> Check:
   an option config's algorithms declare (`option_check`); else a ConfigError listing the
   keys and those options."""
   known = fields(type(config))
-  options = declared_options(config)
+  options = config.declared_options()
   if key in known:
     return known[key].metadata["check"]
   if key in options:
     return option_check(options[key])
   also = (f"; options of the algorithms in `algorithms`: {', '.join(sorted(options)) or 'none'}"
           f" (another algorithm's are keys once it is in `algorithms`)"
-          if hasattr(config, "declared_options") else "")
+          if takes_options(config) else "")
   raise ConfigError(f"{option}: unknown configuration key {key!r}; valid keys: "
                     f"{', '.join(known)}{also}")
 
@@ -258,8 +268,27 @@ def override(config, items: typing.Sequence[str]):
   return validate(with_options(config, options) if options else config)
 
 
-def parse_grid(config, grid, overrides: typing.Sequence[str] = ()) -> dict[str, tuple]:
-  """The sweep over `config`'s fields, as {KEY: tuple of values}.
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """A checked grid (`sweep`), expanded once: `grid` {KEY: values} ({} without a grid),
+  its `combinations` ({KEY: value} dicts, the first key varying slowest; one empty dict
+  without a grid), their `labels` ('KEY=VALUE, ...') and `configs` (the configuration with
+  each combination applied)."""
+  grid: dict
+  combinations: tuple
+  labels: tuple
+  configs: tuple
+
+  def split(self, traced_keys) -> tuple[list[dict] | None, list[dict]]:
+    """(the combinations of the swept keys among `traced_keys`, or None where none is
+    swept; the combinations of the other swept keys, the shapes: [{}] where none is)."""
+    traced = {key: values for key, values in self.grid.items() if key in traced_keys}
+    shapes = {key: values for key, values in self.grid.items() if key not in traced}
+    return (combinations(traced) if traced else None), combinations(shapes)
+
+
+def sweep(config, grid, overrides: typing.Sequence[str] = ()) -> Sweep:
+  """The sweep over `config`'s fields: every combination of `grid`, checked.
 
   `grid` is {KEY: values} (Python) or 'KEY=V1,V2,...' items (--grid, parsed by the field's
   type; a string is one item); a sequence field sweeps single elements (each value becomes
@@ -296,12 +325,14 @@ def parse_grid(config, grid, overrides: typing.Sequence[str] = ()) -> dict[str, 
     if twice:
       raise ConfigError(f"--grid {key}={text}: {twice[0]} is given twice; {form}")
     swept[key] = values
-  for combination in combinations(swept):
+  every = combinations(swept)
+  configs = tuple(apply(config, combination) for combination in every)
+  for combination, each in zip(every, configs):
     try:
-      validate(apply(config, combination))
+      validate(each)
     except ConfigError as error:
       raise ConfigError(f"--grid combination {combination_label(combination)}: {error}") from None
-  return swept
+  return Sweep(swept, tuple(every), tuple(map(combination_label, every)), configs)
 
 
 def combinations(grid: dict[str, tuple]) -> list[dict]:
@@ -317,7 +348,7 @@ def combination_label(combination: dict, sep: str = ", ") -> str:
 
 def apply(config, combination: dict):
   """`config` with the values of a grid `combination` (a sequence field gets a one-element
-  tuple, an option goes into `options`); not validated (`parse_grid` validated every
+  tuple, an option goes into `options`); not validated (`sweep` validated every
   combination)."""
   known = fields(type(config))
   config = dataclasses.replace(config, **{
@@ -331,7 +362,7 @@ def validate(config):
   """Returns `config` if every field is in its range (a list of choices names each once) and
   the cross-field rules hold."""
   for name, field in fields(type(config)).items():
-    check, value = field.metadata["check"], getattr(config, name)
+    check, value = field.metadata["check"], vars(config)[name]
     values = value if check.sequence else (value,)
     if check.sequence and (not isinstance(value, tuple) or not value):
       raise ConfigError(f"{name} must be {check.describe()}, got {value!r}")
@@ -342,16 +373,15 @@ def validate(config):
       raise ConfigError(f"{name}={','.join(map(str, value))} names a choice twice: {name} must "
                         f"be {check.describe()}, each once")
   _validate_options(config)
-  if hasattr(config, "check"):
-    config.check()
+  config.check()
   return config
 
 
 def _validate_options(config) -> None:
   """ConfigError unless each of config's `options` is declared by its algorithms
   (`declared_options`) and in its Option's range."""
-  declared = declared_options(config)
-  for name, value in getattr(config, "options", ()):
+  declared = config.declared_options()
+  for name, value in config.options:
     if name not in declared:
       raise ConfigError(f"{name} is an option that none of the configured algorithms "
                         f"declares; their options: {', '.join(sorted(declared)) or 'none'}; "
@@ -383,3 +413,55 @@ def lr(default, what="step size of the representation (and FedAvg) GD steps"):
 
 def seed(default=0):
   return positive_int("seed of the first run (later seeds count up)", default, low=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """The base of every recipe's configuration: where its clients run (`devices`,
+  `cohort_groups`: `placement`, settings every recipe has), and the neutral answers to
+  what shared code asks a configuration, which a recipe's configuration overrides where
+  it has more to say.
+
+  Class attributes (not fields): UNSHARDED, the algorithm (and why) where the recipe runs
+  none that shards; SHARDED_ALGORITHMS, the names of its `algorithms` that shard where they
+  are not the neural registry's; `algorithms` and `options` (empty here) and
+  `validation_fraction` (None: no validation split for --select), fields of the
+  configurations that compare algorithms, take their traced options as keys or hold out
+  validation data.
+  """
+  UNSHARDED = None
+  SHARDED_ALGORITHMS = None
+  algorithms = ()
+  options = ()
+  validation_fraction = None
+  devices: int | str = setting(
+      1, Check(int, low=1, words=("all",)),
+      "devices the client axis is split over (all: every device JAX sees, those of every "
+      "process of a job)", listed_last=True)
+  cohort_groups: int | None = setting(
+      None, Check(int, low=1, optional=True),
+      "draw each round's cohort stratified over this many contiguous client groups (a "
+      "multiple of devices): with it fixed, any device count gives the same numbers",
+      listed_last=True)
+
+  def check(self) -> None:
+    """ConfigError unless the cross-field rules hold (none here)."""
+
+  def declared_options(self) -> dict:
+    """{name: `nn.hparams.Option`} of the traced options this configuration takes as keys
+    besides its fields (none here)."""
+    return {}
+
+  def seed_values(self, seeds: int) -> list[int]:
+    """The seeds of a run of `seeds` seeds: `seed`, `seed` + 1, ..."""
+    return list(range(self.seed, self.seed + seeds))
+
+  def code_record(self) -> dict:
+    """What config.json records (under "code") of the kernel path that runs: XLA's."""
+    return {"kernel": "xla"}
+
+  def record(self, swept: Sweep) -> dict:
+    """What config.json records of this configuration besides its fields (e.g. a neural
+    recipe's resolved conventions), for it under the sweep `swept`: none here."""
+    del swept
+    return {}

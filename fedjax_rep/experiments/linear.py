@@ -72,7 +72,7 @@ def fedavg_init(default="random"):
 
 
 @dataclasses.dataclass(frozen=True)
-class Problem(placement.Placement):
+class Problem(cfg.Config):
   """Fields of every linear recipe: the problem (n clients, d, k, m samples per client,
   label noise), rounds, step size and seed."""
   num_clients: int = cfg.num_clients(100)
@@ -112,10 +112,20 @@ class Baselines(Sampled):
     check_rep_dim(self)
     check_kernel(self)
 
+  def code_record(self) -> dict:
+    """What config.json records of the kernel path that runs: {"kernel": "xla"}, or
+    "native" with its build's file name (`fedjax_rep.native.build_key`) where `kernel` asks
+    for the C++ kernel."""
+    if self.kernel == "xla":
+      return super().code_record()
+    from fedjax_rep.native import fedrep_round  # only here: the default never touches it
+    return {"kernel": "native", "kernel_build": fedrep_round.build_key()}
+
 
 def hparams(config) -> LinearHparams:
+  """The step sizes of `config` (`lr`, of B and of the heads), placed on the device."""
   return jax.device_put(LinearHparams(  # numpy scalars placed: no device program compiles
-      lr=np.float32(config.lr), head_lr=np.float32(getattr(config, "head_lr", config.lr))))
+      lr=np.float32(config.lr), head_lr=np.float32(config.lr)))
 
 
 def seed_data(keys, *, num_clients, dim, rep_dim, noise_std, samples=0, test_samples=0,

@@ -124,6 +124,14 @@ def convention(knob: str, default=None):
                                         optional=True, auto="as `conventions` says"),
                      conventions_lib.HELP[knob])
 
+def precision_record(config, swept: cfg.Sweep) -> dict:
+  """What config.json records of config's `precision` (`nn.models.precision_record`):
+  {"precision": {"name": ..., "matmul": "highest"|"default"|"bfloat16"}}, or a list of them,
+  one per value, where the grid sweeps it."""
+  if "precision" in swept.grid:
+    return {"precision": [models.precision_record(p) for p in swept.grid["precision"]]}
+  return {"precision": models.precision_record(config.precision)}
+
 
 def registered() -> tuple[str, ...]:
   """The names of the neural algorithms registered now (the package's, then a plugin's)."""
@@ -142,7 +150,7 @@ SET_BY_RECIPE = (*conventions_lib.FLAGS, hparams_lib.FT_EPOCHS, hparams_lib.HEAD
 
 
 @dataclasses.dataclass(frozen=True)
-class Training(placement.Placement):
+class Training(cfg.Config):
   """The configuration fields of every neural recipe's training: FedRep's schedule
   (Section 5.2: r = 0.1, 10 head epochs + `local_epochs` body epochs, SGD lr 0.01 with
   momentum 0.5 and weight decay 1e-4, batch 10, 100 rounds), evaluation and seeds. A
@@ -171,6 +179,16 @@ class Training(placement.Placement):
   options: tuple = dataclasses.field(default=(), metadata={
       "help": "(name, value) of each traced option given as a key (`declared_options`)"})
 
+  def record(self, swept: cfg.Sweep) -> dict:
+    """What config.json records of the training conventions (`nn.conventions`):
+    {"conventions": {"preset": "paper"|"authors", knob: value, ...}}, every knob resolved
+    (under a grid, one such entry per combination, under its label); and of the precision
+    (`precision_record`)."""
+    record = lambda c: {"preset": c.conventions, **resolved_conventions(c).described()}
+    conventions = (dict(zip(swept.labels, map(record, swept.configs))) if swept.grid
+                   else record(self))
+    return {"conventions": conventions, **precision_record(self, swept)}
+
   def declared_options(self) -> dict[str, hparams_lib.Option]:
     """{name: Option} of the traced options that the algorithms in `algorithms` declare
     (a recipe without that field: none), less SET_BY_RECIPE; --set and --grid take them
@@ -182,11 +200,11 @@ class Training(placement.Placement):
 
 
 def resolved_conventions(config) -> conventions_lib.Conventions:
-  """The `nn.conventions` of `config`: its preset `conventions` with the knobs it sets (a
-  config without these fields: the papers')."""
-  return conventions_lib.resolve(
-      getattr(config, "conventions", conventions_lib.PAPER),
-      **{knob: getattr(config, knob, None) for knob in conventions_lib.KNOBS})
+  """The `nn.conventions` of `config` (a `Training`): its preset `conventions` with the
+  knobs it sets."""
+  fields = vars(config)
+  return conventions_lib.resolve(config.conventions,
+                                 **{knob: fields[knob] for knob in conventions_lib.KNOBS})
 
 
 def options_text(config) -> str:
@@ -287,7 +305,7 @@ def trained(unit, unit_name, name, config, model, data, keys, num_clients, progr
   are any (one compilation for all of them), with the flags of config's conventions that
   the program takes. A grid's G combinations run with every run of `data` as one program
   of G x runs runs (hparams stacked, data and keys tiled: `settings_unit`)."""
-  peers = [algorithm(n, config, model, num_clients) for n in getattr(config, "algorithms", ())]
+  peers = [algorithm(n, config, model, num_clients) for n in config.algorithms]
   own = algorithm(name, config, model, num_clients)
   settings = [cfg.apply(config, combination) for combination in grid or [{}]]
   programs = [shared_program(s, own, hparams(s), peers, data) for s in settings]

@@ -1,6 +1,6 @@
 """Where a recipe's clients run: `devices` (the client axis split over that many devices,
 across the processes of a job) and `cohort_groups` (the stratified cohort that makes the
-numbers independent of the device count), settings every recipe has.
+numbers independent of the device count), settings every recipe has (`config.Config`).
 
 A recipe's algorithms get them through `linear` and `neural`; `check` refuses, before any
 work, a recipe whose algorithms cannot shard (naming the algorithm) and a device count
@@ -10,6 +10,10 @@ that the devices JAX sees cannot serve.
 import dataclasses
 import math
 
+import jax
+
+from fedjax_rep.core.cohort import cohort_size
+from fedjax_rep.data import flat
 from fedjax_rep.experiments import config as cfg
 
 # The linear algorithms that shard (FedRep and its GD-GD variants); the others (local,
@@ -17,37 +21,14 @@ from fedjax_rep.experiments import config as cfg
 LINEAR_SHARDED = ("fedrep", "gd-gd", "10gd-gd")
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
-  """The two settings, fields of every recipe's configuration. Class attributes (not
-  fields): UNSHARDED, the algorithm (and why) where the recipe runs none that shards;
-  SHARDED_ALGORITHMS, the names of its `algorithms` that shard where they are not the
-  neural registry's."""
-  UNSHARDED = None
-  SHARDED_ALGORITHMS = None
-  devices: int | str = cfg.setting(
-      1, cfg.Check(int, low=1, words=("all",)),
-      "devices the client axis is split over (all: every device JAX sees, those of every "
-      "process of a job)", listed_last=True)
-  cohort_groups: int | None = cfg.setting(
-      None, cfg.Check(int, low=1, optional=True),
-      "draw each round's cohort stratified over this many contiguous client groups (a "
-      "multiple of devices): with it fixed, any device count gives the same numbers",
-      listed_last=True)
-
-
 def device_count(config) -> int:
-  """The number of devices of `config.devices` (all: every device JAX sees; 1 for a
-  configuration without the field, e.g. a recipe registered by hand)."""
-  import jax
-  devices = getattr(config, "devices", 1)
-  return len(jax.devices()) if devices == "all" else devices
+  """The number of devices of `config.devices` (all: every device JAX sees)."""
+  return len(jax.devices()) if config.devices == "all" else config.devices
 
 
 def laid_out(data, config):
   """`data` laid out for config's devices: a flat store (`data.flat.FlatClients`) in one
   block per device (`flat.for_devices`) where there are several; otherwise as it is."""
-  from fedjax_rep.data import flat
   devices = device_count(config)
   if devices > 1 and isinstance(data, flat.FlatClients):
     return flat.for_devices(data, devices)
@@ -56,7 +37,7 @@ def laid_out(data, config):
 
 def sharded(config) -> bool:
   """Whether `config` asks for more than one device or for cohort groups."""
-  return getattr(config, "devices", 1) != 1 or getattr(config, "cohort_groups", None) is not None
+  return config.devices != 1 or config.cohort_groups is not None
 
 
 def check(config) -> None:
@@ -66,7 +47,6 @@ def check(config) -> None:
   class sets UNSHARDED."""
   if not sharded(config):
     return
-  import jax
   devices = device_count(config)
   if devices > len(jax.devices()):
     raise cfg.ConfigError(
@@ -80,7 +60,7 @@ def check(config) -> None:
   if type(config).UNSHARDED is not None:
     raise cfg.ConfigError(f"{type(config).UNSHARDED}: one device only, cannot run sharded "
                           f"({asked}); use devices=1 and cohort_groups=auto")
-  for name in getattr(config, "algorithms", ()):
+  for name in config.algorithms:
     reason = can_shard(name, type(config).SHARDED_ALGORITHMS)
     if reason is not None:
       raise cfg.ConfigError(f"algorithm {name} cannot run sharded ({asked}): {reason}; drop "
@@ -91,12 +71,13 @@ def check(config) -> None:
 def check_counts(config, devices: int) -> None:
   """ConfigError unless every number of clients of `config` (num_clients, a number or a
   list) and its cohort (participation) split evenly over the cohort groups (default: one
-  per device) and the clients over the devices."""
-  from fedjax_rep.core.cohort import cohort_size
+  per device) and the clients over the devices; a configuration without these fields has
+  none to check (participation 1)."""
   groups = config.cohort_groups or devices
+  fields = vars(config)
   as_tuple = lambda value: value if isinstance(value, tuple) else (value,)
-  for n in as_tuple(getattr(config, "num_clients", ())):
-    for r in as_tuple(getattr(config, "participation", 1.0)):
+  for n in as_tuple(fields.get("num_clients", ())):
+    for r in as_tuple(fields.get("participation", 1.0)):
       cohort = cohort_size(n, r) if n else None
       if n and (n % groups or n % devices or cohort % groups):
         raise cfg.ConfigError(

@@ -16,6 +16,8 @@ import threading
 
 import numpy as np
 
+from fedjax_rep.experiments import labels
+
 
 def _import_matplotlib() -> None:
   for name in ("matplotlib.figure", "matplotlib.lines"):
@@ -294,23 +296,13 @@ def grid_of(panels: int, columns: int | None = None, width: float = 4.2,
   return fig, axes[:panels]
 
 
-LABELS = {"local": "Local only", "fedavg": "FedAvg", "fedrep": "FedRep", "gd-gd": "GD-GD",
-          "10gd-gd": "10GD-GD", "d-gd": "D-GD"}
-
-
-def display_name(name: str) -> str:
-  """An algorithm's name in a legend: LABELS's, 'FedAvg, τ = 2' for 'fedavg-tau2'."""
-  steps = name.removeprefix("fedavg-tau")
-  return f"FedAvg, τ = {steps}" if steps != name else LABELS.get(name, name)
-
-
 def one_panel(rows, x: str, y: str, algorithms, file, *, xlabel: str, ylabel: str, title: str,
               vline: tuple[float, str] | None = None) -> None:
   """One panel, one line (mean over seeds, min-max band) per algorithm, log y axis, and a
   dotted vertical line at x = vline[0] labelled vline[1]; the legend below it."""
   fig, (ax,) = figure(1, width=5.5)
   for name in algorithms:
-    line(ax, rows, x, y, display_name(name), algorithm=name)
+    line(ax, rows, x, y, labels.label(name), algorithm=name)
   if vline is not None:
     ax.axvline(vline[0], color="grey", ls=":", lw=1, label=vline[1])
   ax.set(yscale="log", xlabel=xlabel, ylabel=ylabel)

@@ -33,6 +33,8 @@ class Recipe:
   as run(config, seeds, unit, progress, grid=[{KEY: value}, ...]): one dict per combination
   of the swept traced keys, `config` holding their unswept values; it returns the rows of
   every combination, each row carrying those keys as columns with the values of its dict.
+  defaults: the recipe's values of fields of `config` (e.g. the dataset and its settings,
+  where recipes share a configuration class), applied before `quick` and --set.
   plot(rows, config, path) draws the paper-style figure into `path` (PNG).
   summarize(rows, config) -> rows of a summary table (written to `summary_file`), or None.
   summary_only: columns of the rows that only the summary reports (e.g. a method's cost per
@@ -49,6 +51,7 @@ class Recipe:
   quick: dict
   run: Callable
   plot: Callable
+  defaults: dict = dataclasses.field(default_factory=dict)
   default_seeds: int = 1
   summarize: Callable | None = None
   summary_file: str = "summary.csv"
@@ -63,7 +66,12 @@ RECIPES: dict[str, Recipe] = {}  # the recipes registered so far (see `all_recip
 
 
 def register(recipe: Recipe) -> Recipe:
-  """Adds `recipe` to RECIPES; its traced keys must be scalar number fields of its config."""
+  """Adds `recipe` to RECIPES; its config must derive from `config.Config`, its traced keys
+  be scalar number fields of its config."""
+  if not issubclass(recipe.config, cfg.Config):
+    raise ValueError(f"recipe {recipe.name}: its configuration {recipe.config.__name__} does "
+                     f"not derive from fedjax_rep.experiments.config.Config; derive it from "
+                     f"that class (or one of its subclasses)")
   known = cfg.fields(recipe.config)
   for key in () if callable(recipe.traced) else recipe.traced:
     check = known[key].metadata["check"] if key in known else None
@@ -142,6 +150,12 @@ def get(name: str) -> Recipe:
   return RECIPES[name]
 
 
+def default_config(recipe: Recipe):
+  """The configuration of `recipe` at its defaults: its config's, with its `defaults` over
+  them (not validated)."""
+  return recipe.config(**recipe.defaults)
+
+
 def resolve(name: str, *, quick: bool = False, overrides=()):
   """The validated configuration of recipe `name`.
 
@@ -157,7 +171,7 @@ def resolve(name: str, *, quick: bool = False, overrides=()):
     bad key or value.
   """
   recipe = get(name)
-  config = recipe.config()
+  config = default_config(recipe)
   if quick:
     config = dataclasses.replace(config, **recipe.quick)
   return cfg.override(config, list(overrides))

@@ -15,6 +15,8 @@ import json
 import os
 import sys
 
+import jax
+
 from fedjax_rep.core import checkpoint
 from fedjax_rep.core import distributed
 from fedjax_rep.core import files
@@ -39,69 +41,70 @@ def _call_unit(name, compute):
 
 
 def _prepare(name, quick, seeds, overrides, grid):
-  """(recipe, validated config, number of seeds, checked grid): every check, before any
-  work."""
+  """(recipe, validated config, number of seeds, its checked `cfg.Sweep` of `grid`): every
+  check, before any work."""
   recipe = registry.get(name)
   config = registry.resolve(name, quick=quick, overrides=overrides)
-  grid = cfg.parse_grid(config, grid, overrides)
-  for combination in cfg.combinations(grid):
-    placement.check(cfg.apply(config, combination))
-  return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds), grid
+  swept = cfg.sweep(config, grid, overrides)
+  for each in swept.configs:
+    placement.check(each)
+  return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds), swept
 
 
-def _sweep(recipe, config, seeds, grid, unit, progress) -> list[dict]:
-  """The rows of every combination of `grid`: one call of recipe.run per combination of the
-  shape-changing keys (with grid=[traced combinations] where the recipe traces swept keys),
-  each caching its units under the prefix 'KEY=VALUE,...--'; every row gets the swept keys
-  and the `grid` label of its combination as columns. Without a grid: recipe.run's rows.
-  First says on stderr which combinations train on mock data (`mock_lines`)."""
+def _sweep(recipe, config, seeds, swept, unit, progress) -> list[dict]:
+  """The rows of every combination of the sweep `swept`: one call of recipe.run per
+  combination of the shape-changing keys (with grid=[traced combinations] where the recipe
+  traces swept keys), each caching its units under the prefix 'KEY=VALUE,...--'; every row
+  gets the swept keys and the `grid` label of its combination as columns. Without a grid:
+  recipe.run's rows. First says on stderr which combinations train on mock data
+  (`mock_lines`)."""
   if distributed.is_writer():
-    for line in mock_lines(recipe, config, grid):
+    for line in mock_lines(recipe, swept.configs):
       print(line, file=sys.stderr)
-  if not grid:
+  if not swept.grid:
     return recipe.run(config, seeds, unit=unit, progress=progress)
   traced_keys = recipe.traced(config) if callable(recipe.traced) else recipe.traced
-  traced = {key: values for key, values in grid.items() if key in traced_keys}
-  traced_grid = {"grid": cfg.combinations(traced)} if traced else {}
-  combinations = {cfg.combination_label(c): c for c in cfg.combinations(grid)}
+  traced, shapes = swept.split(traced_keys)
+  traced_grid = {} if traced is None else {"grid": traced}
+  combinations = dict(zip(swept.labels, swept.combinations))
   rows = []
-  for shape in cfg.combinations({k: v for k, v in grid.items() if k not in traced}):
+  for shape in shapes:
     prefix = cfg.combination_label(shape, ",") + "--" if shape else ""
     for row in recipe.run(cfg.apply(config, shape), seeds,
                           unit=lambda name, compute, p=prefix: unit(p + name, compute),
                           progress=progress, **traced_grid):
       label = cfg.combination_label({key: shape[key] if key in shape else row.get(key)
-                                     for key in grid})
+                                     for key in swept.grid})
       if label not in combinations:
+        swept_traced = ", ".join(key for key in swept.grid if key in traced_keys)
         raise RuntimeError(f"recipe {recipe.name} returned a row of {label}, which is not a "
                            f"combination of its grid; its run must return the traced keys "
-                           f"{', '.join(traced)} as columns with the values it was given")
+                           f"{swept_traced} as columns with the values it was given")
       rows.append({**row, **combinations[label], "grid": label})
   return rows
 
 
-def mock_lines(recipe, config, grid) -> list[str]:
-  """One line for each different mock data (`Recipe.mock_data`) that the combinations of
-  `grid` (or `config` alone) train on, e.g. "fedjax-rep: fedrep-table1-cifar10 runs on
-  mock data (random examples in the format of CIFAR-10), not the real dataset (source=mock,
-  as --quick sets): its numbers mean nothing; `fedjax-rep data` says how to get the
-  data"."""
+def mock_lines(recipe, configs) -> list[str]:
+  """One line for each different mock data (`Recipe.mock_data`) that the configurations
+  `configs` (those of a sweep's combinations) train on, e.g. "fedjax-rep:
+  fedrep-table1-cifar10 runs on mock data (random examples in the format of CIFAR-10),
+  not the real dataset (source=mock, as --quick sets): its numbers mean nothing;
+  `fedjax-rep data` says how to get the data"."""
   if recipe.mock_data is None:
     return []
-  mocks = dict.fromkeys(recipe.mock_data(cfg.apply(config, combination))
-                        for combination in cfg.combinations(grid))
+  mocks = dict.fromkeys(map(recipe.mock_data, configs))
   return [f"fedjax-rep: {recipe.name} runs on mock data ({mock}), not the real dataset "
           f"(source=mock, as --quick sets): its numbers mean nothing; `fedjax-rep data` says "
           f"how to get the data" for mock in mocks if mock is not None]
 
 
-def _figure_config(config, grid):
+def _figure_config(config, swept: cfg.Sweep):
   """`config` as the figure sees the rows: each swept sequence field holds all its swept
   values (e.g. fedrep-fig3's panels, one per num_clients); other fields (and options)
   are unchanged."""
   known = cfg.fields(type(config))
   return dataclasses.replace(config, **{
-      key: values for key, values in grid.items()
+      key: values for key, values in swept.grid.items()
       if key in known and known[key].metadata["check"].sequence})
 
 
@@ -125,23 +128,21 @@ def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(
     combination) and the resolved configuration, where a swept sequence field holds all its
     swept values.
   """
-  recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
-  rows = _sweep(recipe, config, seeds, grid, _call_unit, progress)
+  recipe, config, seeds, swept = _prepare(name, quick, seeds, overrides, grid)
+  rows = _sweep(recipe, config, seeds, swept, _call_unit, progress)
   _say_diverged(rows)
-  return rows, _figure_config(config, grid)
+  return rows, _figure_config(config, swept)
 
 
-def _summary(recipe, rows, config, grid) -> list[dict]:
-  """recipe.summarize of each combination of `grid` (its rows, its configuration), the
-  combination's swept keys and `grid` label added to each entry; without a grid, that of
-  all rows."""
-  if not grid:
+def _summary(recipe, rows, config, swept: cfg.Sweep) -> list[dict]:
+  """recipe.summarize of each combination of the sweep `swept` (its rows, its
+  configuration), the combination's swept keys and `grid` label added to each entry;
+  without a grid, that of all rows."""
+  if not swept.grid:
     return recipe.summarize(rows, config)
   table = []
-  for combination in cfg.combinations(grid):
-    label = cfg.combination_label(combination)
-    entries = recipe.summarize([r for r in rows if r["grid"] == label],
-                               cfg.apply(config, combination))
+  for combination, label, each in zip(swept.combinations, swept.labels, swept.configs):
+    entries = recipe.summarize([r for r in rows if r["grid"] == label], each)
     table += [{**entry, **combination, "grid": label} for entry in entries]
   return table
 
@@ -180,12 +181,13 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
     The run directory.
   """
   loaded = plugins_lib.load_all(plugins)
-  recipe, config, seeds, grid = _prepare(name, quick, seeds, overrides, grid)
+  recipe, config, seeds, swept = _prepare(name, quick, seeds, overrides, grid)
+  grid = swept.grid
   if select or confirm_seeds is not None:
     if not select:
       raise cfg.ConfigError("--confirm-seeds reruns the combinations that --select chooses: "
                             "give --select too")
-    selection.check(config, grid, confirm_seeds)
+    selection.check(config, swept, confirm_seeds)
   try:
     checkpoint.check_policy(checkpoint_rounds, checkpoint_seconds)
   except ValueError as error:
@@ -193,31 +195,31 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   out = default_out(name) if out is None else out
   with outputs.RunDir(
       out, {"recipe": name, "quick": quick, "seeds": seeds,
-            "config": dataclasses.asdict(config), "grid": grid,
+            "config": cfg.saved(config), "grid": grid,
             "code": {"revision": files.revision(), "source": files.source_fingerprint(),
-                     **kernel_record(config),
+                     **config.code_record(),
                      "threefry": "flat" if threefry.flat() else "jax",
                      "threefry_scope": "process"},
             "job": job_record(config), "plugins": loaded,
             **({"select": {"confirm_seeds": confirm_seeds}} if select else {}),
-            **conventions_record(config, grid), **precision_record(config, grid),
+            **config.record(swept),
             "versions": outputs.versions()},
       overwrite=overwrite, every_rounds=checkpoint_rounds,
       every_seconds=checkpoint_seconds) as run_dir:
-    rows = _sweep(recipe, config, seeds, grid, run_dir.unit, progress)
-    swept = (*grid, "grid") if grid else ()
+    rows = _sweep(recipe, config, seeds, swept, run_dir.unit, progress)
+    columns = (*grid, "grid") if grid else ()
     run_dir.write_csv("metrics.csv", [{k: v for k, v in row.items()
                                        if k not in recipe.summary_only} for row in rows],
-                      first=("algorithm", "seed", "round", *swept))
+                      first=("algorithm", "seed", "round", *columns))
     written = ["config.json", "metrics.csv"]
     if recipe.summarize is not None:
-      run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, grid),
-                        first=("algorithm", *swept))
+      run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, swept),
+                        first=("algorithm", *columns))
       written.append(recipe.summary_file)
-    run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, grid), f))
+    run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, swept), f))
     written.append(f"{name}.png")
     if select:
-      entries = _summary(recipe, rows, config, grid)
+      entries = _summary(recipe, rows, config, swept)
       chosen = selection.choose(entries, grid)
       if confirm_seeds:
         chosen = selection.confirmed(chosen, _confirm(recipe, config, seeds, grid, chosen,
@@ -245,7 +247,7 @@ def _confirm(recipe, config, seeds: int, grid: dict, chosen: list[dict], confirm
   entries = []
   for label, (combination, names) in runs.items():
     fresh = dataclasses.replace(cfg.apply(config, combination), seed=config.seed + seeds)
-    if hasattr(config, "algorithms"):
+    if config.algorithms:
       fresh = dataclasses.replace(fresh, algorithms=tuple(names))
     rows = recipe.run(fresh, confirm_seeds, progress=progress,
                       unit=lambda name, compute, p=f"confirm-{label}--": unit(p + name, compute))
@@ -282,52 +284,10 @@ def diverged_lines(rows: list[dict]) -> list[str]:
   return lines
 
 
-def kernel_record(config) -> dict:
-  """What config.json records of the kernel path that ran: {"kernel": "xla"}, or "native"
-  with its build's file name (`fedjax_rep.native.build_key`) where config.kernel asks for
-  the C++ kernel."""
-  if getattr(config, "kernel", "xla") == "xla":
-    return {"kernel": "xla"}
-  from fedjax_rep.native import fedrep_round  # only here: the default never touches it
-  return {"kernel": "native", "kernel_build": fedrep_round.build_key()}
-
-
-def conventions_record(config, grid: dict) -> dict:
-  """What config.json records of a neural recipe's training conventions (`nn.conventions`):
-  {"conventions": {"preset": "paper"|"authors", knob: value, ...}}, every knob resolved;
-  under a grid, one such entry per combination, under its label; {} for a recipe without
-  them."""
-  if not hasattr(config, "conventions"):
-    return {}
-  from fedjax_rep.experiments import neural  # neural recipes only: the linear ones never load it
-
-  def record(c):
-    return {"preset": c.conventions, **neural.resolved_conventions(c).described()}
-
-  if not grid:
-    return {"conventions": record(config)}
-  return {"conventions": {cfg.combination_label(combination): record(cfg.apply(config,
-                                                                               combination))
-                          for combination in cfg.combinations(grid)}}
-
-
-def precision_record(config, grid: dict) -> dict:
-  """What config.json records of a neural recipe's `precision` (`nn.models.precision_record`):
-  {"precision": {"name": ..., "matmul": "highest"|"default"|"bfloat16"}}, or a list of them,
-  one per value, where the grid sweeps it; {} for a recipe without it."""
-  if not hasattr(config, "precision"):
-    return {}
-  from fedjax_rep.nn import models  # neural recipes only: the linear ones never load it
-  if "precision" in grid:
-    return {"precision": [models.precision_record(p) for p in grid["precision"]]}
-  return {"precision": models.precision_record(config.precision)}
-
-
 def job_record(config) -> dict:
   """What config.json records of where the run ran: its processes and the devices its
   client axis was split over (not compared on resume: with the cohort groups fixed, the
   numbers do not depend on them)."""
-  import jax
   return {"processes": jax.process_count(), "devices": placement.device_count(config)}
 
 

@@ -21,18 +21,18 @@ RESULTS = ("combinations", "confirm_test_accuracy", "confirm_test_accuracy_std_o
               "flops_per_round", "paper_test_accuracy")
 
 
-def check(config, grid: dict, confirm_seeds: int | None) -> None:
-  """ConfigError (one line) unless there is a grid to choose from, every combination of it
-  has a validation split to select on (`validation_fraction` > 0) and `confirm_seeds` is
-  None or an integer >= 1."""
-  if not hasattr(config, "validation_fraction"):
+def check(config, swept: cfg.Sweep, confirm_seeds: int | None) -> None:
+  """ConfigError (one line) unless there is a grid to choose from (the sweep `swept` of
+  `config`), every combination of it has a validation split to select on
+  (`validation_fraction` > 0) and `confirm_seeds` is None or an integer >= 1."""
+  if config.validation_fraction is None:
     raise cfg.ConfigError("--select chooses on validation data, which only the neural recipes "
                           "hold out (validation_fraction); this recipe has none")
-  if not grid:
+  if not swept.grid:
     raise cfg.ConfigError("--select chooses among the combinations of a grid: give the "
                           "values to choose from, e.g. --grid lr=0.01,0.03,0.1")
-  for combination in cfg.combinations(grid):
-    if not cfg.apply(config, combination).validation_fraction > 0:
+  for each in swept.configs:
+    if not each.validation_fraction > 0:
       raise cfg.ConfigError("--select chooses on validation data, and validation_fraction is "
                             "0 (no validation split): give --set validation_fraction=0.2 (or "
                             "another value in (0, 1))")

@@ -19,20 +19,21 @@ from fedjax_rep.data import digits, federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import labels
+from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(common.Training):
+class Config(neural.Training):
   num_clients: int = cfg.num_clients(50)
-  partition: str = common.partition()
-  classes_per_client: int = common.classes_per_client(2)
-  dirichlet_alpha: float = common.dirichlet_alpha()
+  partition: str = neural.partition()
+  classes_per_client: int = neural.classes_per_client(2)
+  dirichlet_alpha: float = neural.dirichlet_alpha()
   lr: float = cfg.lr(0.05, "step size of local SGD")
   model: str = cfg.choice("the network", "digits-mlp", ("digits-mlp", "digits-cnn"))
-  algorithms: tuple = common.algorithms()
+  algorithms: tuple = neural.algorithms()
 
   def check(self):
     """The partition must be possible on digits (checked on the labels: no training)."""
@@ -49,46 +50,41 @@ class Config(common.Training):
 def data(config: Config, seed_values):
   """The clients' datasets of every seed (with config's validation split), stacked along a
   leading seed axis."""
-  return federated.stack([common.validated(digits.federated(
+  return federated.stack([neural.validated(digits.federated(
       config.num_clients, config.partition, config.classes_per_client,
       config.dirichlet_alpha, seed=s), config, s) for s in seed_values])
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> list[dict]:
-  seed_values = list(range(config.seed, config.seed + seeds))
+  seed_values = config.seed_values(seeds)
   datasets = data(config, seed_values)
   model = models.make_model(config.model, digits.NUM_CLASSES, precision=config.precision)
   rows = []
   for name in config.algorithms:
-    results = common.trained(unit, name, name, config, model, datasets,
-                             common.run_keys(seed_values), config.num_clients, progress, grid)
+    results = neural.trained(unit, name, name, config, model, datasets,
+                             neural.run_keys(seed_values), config.num_clients, progress, grid)
     for combination, result in zip(grid or [{}], results):
-      rows += common.rows(name, seed_values, result, **combination)
+      rows += neural.rows(name, seed_values, result, **combination)
   return rows
-
-
-LABELS = {"fedrep": "FedRep", "fedper": "FedPer", "lg-fedavg": "LG-FedAvg",
-          "fedavg": "FedAvg", "fedavg-ft": "FedAvg + FT", "local": "Local only",
-          "fed-mtl": "Fed-MTL", "fedrod": "FedRoD", "fedcp": "FedCP", "fedbabu": "FedBABU"}
 
 
 def plot(rows, config: Config, file) -> None:
   fig, (acc, loss) = plotting.figure(2, width=5.2, height=3.8)
   for name in config.algorithms:
-    plotting.line(acc, rows, "round", "test_accuracy", LABELS.get(name, name), algorithm=name)
-    plotting.line(loss, rows, "round", "train_loss", LABELS.get(name, name), algorithm=name)
+    plotting.line(acc, rows, "round", "test_accuracy", labels.label(name), algorithm=name)
+    plotting.line(loss, rows, "round", "train_loss", labels.label(name), algorithm=name)
   acc.set(xlabel="communication round", ylabel="test accuracy (mean over clients)")
   loss.set(xlabel="communication round", ylabel="local training loss", yscale="log")
   split = (f"{config.classes_per_client} class shards/client" if config.partition == "classes"
            else f"Dir({config.dirichlet_alpha})" if config.partition == "dirichlet" else "iid")
   fig.suptitle(f"digits, {config.model}: n={config.num_clients}, {split}, "
                f"r={config.participation}, {config.head_epochs}+{config.local_epochs} epochs"
-               f"{common.options_text(config)}")
+               f"{neural.options_text(config)}")
   plotting.save(fig, file)
 
 
 def summarize(rows, config: Config):
-  return common.summary(rows, config.algorithms, config.summary)
+  return neural.summary(rows, config.algorithms, config.summary)
 
 
 RECIPE = register(Recipe(
@@ -98,4 +94,4 @@ RECIPE = register(Recipe(
     summary="personalised FL on sklearn digits (offline): FedRep, FedPer, LG-FedAvg, FedAvg, "
             "FedAvg-FT, local; test accuracy vs rounds",
     config=Config, quick={"rounds": 40}, run=run, plot=plot, default_seeds=3,
-    summarize=summarize, traced=common.traced_keys, summary_only=common.COST))
+    summarize=summarize, traced=neural.traced_keys, summary_only=neural.COST))

@@ -13,7 +13,7 @@ import dataclasses
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import shared
 
 
@@ -23,17 +23,17 @@ def algorithm_name(local_steps: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainingConfig(common.Sampled):
+class TrainingConfig(linear.Sampled):
   """The training part of a FedAvg-FT recipe's configuration."""
   UNSHARDED = "the linear FedAvg-FT"
   num_clients: int = cfg.num_clients(40)
-  dim: int = common.dim(100)
-  rep_dim: int = common.rep_dim(5)
+  dim: int = linear.dim(100)
+  rep_dim: int = linear.rep_dim(5)
   rounds: int = cfg.rounds(2000)
   participation: float = cfg.participation(1.0)
   lr: float = cfg.lr(0.2, "step size alpha of every local GD step")
-  samples_per_client: int = common.samples_per_client(100)
-  noise_std: float = common.noise_std(0.0)
+  samples_per_client: int = linear.samples_per_client(100)
+  noise_std: float = linear.noise_std(0.0)
   local_steps: tuple = cfg.positive_int("local steps tau to compare (1 = D-GD)", (1, 2, 5, 10),
                                         sequence=True)
   data_mode: str = cfg.choice("population losses, or fixed / fresh samples per client",
@@ -44,12 +44,12 @@ def train(config, keys, local_steps: int, unit, progress: bool):
   """Runs FedAvg with `local_steps` on every seed; returns (name, data, metrics + final B
   and w)."""
   name = algorithm_name(local_steps)
-  data = common.seed_data(keys, num_clients=config.num_clients, dim=config.dim,
+  data = linear.seed_data(keys, num_clients=config.num_clients, dim=config.dim,
                           rep_dim=config.rep_dim, noise_std=config.noise_std,
                           samples=config.samples_per_client, mode=config.data_mode,
                           normalize_heads=False)
   algorithm = make_algorithm(name, rep_dim=config.rep_dim,
                              cohort=cohort_size(config.num_clients, config.participation),
                              init_method="random-scaled")
-  return name, data, shared.trained(unit, algorithm, data, common.hparams(config), keys,
+  return name, data, shared.trained(unit, algorithm, data, linear.hparams(config), keys,
                                    config.rounds, progress, keep=("B", "w"))

@@ -20,7 +20,7 @@ class Config(ft.TrainingConfig):
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  seed_values = list(range(config.seed, config.seed + seeds))
+  seed_values = config.seed_values(seeds)
   keys = shared.seed_keys(config.seed, seeds)
   rows = []
   for tau in config.local_steps:

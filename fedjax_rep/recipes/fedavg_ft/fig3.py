@@ -20,8 +20,9 @@ import numpy as np
 
 from fedjax_rep.linear import local as local_lib
 from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import labels
 from fedjax_rep.recipes.fedavg_ft import common as ft
-from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
 from fedjax_rep.experiments.registry import Recipe, register
@@ -36,7 +37,7 @@ class Config(ft.TrainingConfig):
                                              (5, 10, 20, 50, 100, 200, 500), sequence=True)
   finetune_steps: int = cfg.positive_int("GD steps tau' of the new clients' fine-tuning", 200)
   finetune_lr: float = cfg.lr(0.02, "step size of the fine-tuning GD steps")
-  finetune_noise_std: float = common.noise_std(0.1)
+  finetune_noise_std: float = linear.noise_std(0.1)
   new_clients: int = cfg.positive_int("number of new clients averaged over", 100)
 
 
@@ -49,7 +50,7 @@ def fine_tune_errors(keys, B, w, B_star, noise_std, lr, sample_counts, num_clien
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  seed_values = list(range(config.seed, config.seed + seeds))
+  seed_values = config.seed_values(seeds)
   keys = shared.seed_keys(config.seed, seeds)
   new_client_keys = jax.vmap(lambda k: jax.random.fold_in(k, 4))(keys[:, 0])
   rows = []
@@ -75,7 +76,7 @@ def plot(rows, config: Config, file) -> None:
   training = [r for r in rows if "finetune_samples" not in r]
   for tau in config.local_steps:
     name = ft.algorithm_name(tau)
-    label = plotting.display_name(name)
+    label = labels.label(name)
     plotting.line(left, training, "round", "global_grad_norm", label, algorithm=name)
     plotting.line(right, rows, "finetune_samples", "finetune_error", label, algorithm=name)
   left.set(yscale="log", xlabel="communication round", ylabel="global gradient norm",

@@ -31,13 +31,13 @@ from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.nn.algorithm import NNState
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import placement
-from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import labels
+from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
 from fedjax_rep.experiments.registry import Recipe, register
 
-LABELS = {"d-sgd": "D-SGD", "fedavg-steps": "FedAvg"}  # the algorithms, in this order
+ALGORITHMS = ("d-sgd", "fedavg-steps")  # the algorithms, in this order
 
 
 def local_steps(name: str, config) -> int:
@@ -46,10 +46,10 @@ def local_steps(name: str, config) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(placement.Placement):
+class Config(cfg.Config):
   UNSHARDED = "FedAvg-FT's neural runs (D-SGD and FedAvg, one program)"
   num_clients: int = cfg.num_clients(30)
-  dirichlet_alpha: float = common.dirichlet_alpha(0.6)
+  dirichlet_alpha: float = neural.dirichlet_alpha(0.6)
   unseen_classes: int = cfg.positive_int("classes held out of training (the last ones): "
                                          "the new clients' classes", 2, low=2)
   model: str = cfg.choice("the network", "digits-mlp", ("digits-mlp", "digits-cnn"))
@@ -57,20 +57,24 @@ class Config(placement.Placement):
                                       "step a round, tau times the rounds)", 20)
   rounds: int = cfg.positive_int("FedAvg's communication rounds T (D-SGD runs tau T)", 100)
   participation: float = cfg.participation(0.2)
-  batch_size: int = common.batch_size()
+  batch_size: int = neural.batch_size()
   lr: float = cfg.lr(0.05, "step size of local SGD (training and fine-tuning)")
-  momentum: float = common.momentum(0.0)
-  weight_decay: float = common.weight_decay()
-  eval_every: int = common.eval_every(10)
-  validation_fraction: float = common.validation_fraction()
-  client_group: int = common.client_group()
-  precision: str = common.precision()
+  momentum: float = neural.momentum(0.0)
+  weight_decay: float = neural.weight_decay()
+  eval_every: int = neural.eval_every(10)
+  validation_fraction: float = neural.validation_fraction()
+  client_group: int = neural.client_group()
+  precision: str = neural.precision()
   finetune_samples: tuple = cfg.positive_int(
       "training samples k of each unseen class per new client (x-axis)", (1, 2, 5, 10, 20),
       sequence=True)
   finetune_epochs: int = cfg.positive_int("epochs of SGD on the new clients' heads", 50)
   new_clients: int = cfg.positive_int("new clients per seed", 5)
   seed: int = cfg.seed()
+
+  def record(self, swept: cfg.Sweep) -> dict:
+    """What config.json records of the precision (`neural.precision_record`)."""
+    return neural.precision_record(self, swept)
 
   def check(self):
     """The split must be possible on digits (checked on the labels: no training)."""
@@ -102,7 +106,7 @@ def seed_data(config: Config, seed: int):
   seen = digits.NUM_CLASSES - config.unseen_classes
   parts, test_parts = partition_lib.dirichlet(y[y < seen], y_test[y_test < seen],
                                               config.num_clients, config.dirichlet_alpha, seed)
-  clients = common.validated(federated.client_datasets(
+  clients = neural.validated(federated.client_datasets(
       x[y < seen], y[y < seen], parts, x_test[y_test < seen], y_test[y_test < seen],
       test_parts, digits.NUM_CLASSES), config, seed)
   rng = np.random.default_rng([seed, 1])  # apart from the partition's stream
@@ -148,7 +152,7 @@ def analyse(algorithm, model, probe_x, probe_y, new, hparams, keys, *, seen: int
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  seed_values = list(range(config.seed, config.seed + seeds))
+  seed_values = config.seed_values(seeds)
   clients, probes, new = zip(*[seed_data(config, s) for s in seed_values])
   clients, new = federated.stack(list(clients)), tree.stack(new)
   probe_x, probe_y = tree.stack(probes)
@@ -157,17 +161,17 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data
   run_keys = shared.run_keys(keys)
   rows, finals, trained_metrics = [], [], []
-  for name in LABELS:
+  for name in ALGORITHMS:
     steps = local_steps(name, config)
     algorithm = nn_registry.make_algorithm(
         name, model=model, cohort=cohort, batch_size=config.batch_size,
         client_group=config.client_group, local_steps=config.local_steps)  # d-sgd: 1 step
     # D-SGD runs tau times the rounds, evaluated at FedAvg's numbers of local updates.
     scale = config.local_steps // steps
-    result = common.trained_unit(unit, name, algorithm, clients, common.hparams(config),
+    result = neural.trained_unit(unit, name, algorithm, clients, neural.hparams(config),
                                  run_keys, config.rounds * scale,
                                  config.eval_every * scale, progress, keep_model=True)
-    algorithm_rows = common.rows(name, seed_values, result, local_steps=steps)
+    algorithm_rows = neural.rows(name, seed_values, result, local_steps=steps)
     for r in algorithm_rows:
       r["local_updates"] = r["round"] * steps
     rows += algorithm_rows
@@ -176,7 +180,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   seen = digits.NUM_CLASSES - config.unseen_classes
   # One program for both final models: the last algorithm's structure serves both.
   analysis = unit("analysis", lambda: jax.device_get(analyse(
-      algorithm, tree.stack(finals), probe_x, probe_y, new, common.hparams(config),
+      algorithm, tree.stack(finals), probe_x, probe_y, new, neural.hparams(config),
       keys[:, 1], seen=seen, epochs=config.finetune_epochs)))
   analysis = {k: np.stack([shared.nan_where_diverged(v[a], metrics)  # NaN: diverged runs
                            for a, metrics in enumerate(trained_metrics)])
@@ -189,7 +193,7 @@ def analysis_rows(analysis: dict, seed_values: list[int], config: Config) -> lis
   (class_a, class_b, cosine_similarity), one with the similarity gaps, and one per k
   (finetune_samples, new_client_accuracy and its std over the new clients)."""
   rows = []
-  for a, name in enumerate(LABELS):
+  for a, name in enumerate(ALGORITHMS):
     steps = local_steps(name, config)
     for s, seed_value in enumerate(seed_values):
       final_round = config.rounds * config.local_steps // steps
@@ -218,7 +222,7 @@ def summarize(rows, config: Config) -> list[dict]:
   accuracy on the training clients and its similarity gaps (means over those seeds);
   `diverged`: how many seeds were left out because their run diverged (all: NaN)."""
   table = []
-  for name in LABELS:
+  for name in ALGORITHMS:
     diverged = {r["seed"] for r in rows if r["algorithm"] == name and r.get("diverged_round")}
     kept = [r for r in rows if r["algorithm"] == name and r["seed"] not in diverged]
     final_round = max(r["round"] for r in rows if r["algorithm"] == name)
@@ -275,7 +279,8 @@ def plot(rows, config: Config, file) -> None:
   fig, axes = plotting.figure(3, width=4.4, height=3.9, rows=2)
   (loss, test, transfer), (*matrices, difference) = axes[0], axes[1]
   training = [r for r in rows if "train_loss" in r]
-  for name, label in LABELS.items():
+  for name in ALGORITHMS:
+    label = labels.label(name)
     plotting.line(loss, training, "local_updates", "train_loss", label, along="round",
                   algorithm=name)
     plotting.line(test, training, "local_updates", "test_accuracy", label, along="round",
@@ -291,9 +296,9 @@ def plot(rows, config: Config, file) -> None:
                title=f"new clients: a head on the body ({config.finetune_epochs} epochs)")
   transfer.set_xticks(config.finetune_samples, [str(k) for k in config.finetune_samples])
   seen = digits.NUM_CLASSES - config.unseen_classes
-  for ax, (name, label) in zip(matrices, LABELS.items()):
+  for ax, name in zip(matrices, ALGORITHMS):
     similarity_panel(fig, ax, mean_similarity(rows, name), seen, diverging=False)
-    ax.set_title(f"{label}: feature cosine similarity\ngap seen "
+    ax.set_title(f"{labels.label(name)}: feature cosine similarity\ngap seen "
                  f"{column_mean(rows, name, 'similarity_gap_seen'):.2f}, unseen "
                  f"{column_mean(rows, name, 'similarity_gap_unseen'):.2f}")
   similarity_panel(fig, difference, mean_similarity(rows, "fedavg-steps")

@@ -21,14 +21,14 @@ from fedjax_rep.linear import metrics as metrics_lib
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import placement
-from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
 from fedjax_rep.experiments.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(common.Baselines):
+class Config(linear.Baselines):
   samples_per_client: tuple = cfg.positive_int("samples per client m (x-axis)",
                                                (5, 10, 15, 20, 30, 40, 60), sequence=True)
   test_samples: int = cfg.positive_int("held-out test samples per client", 100)
@@ -42,12 +42,12 @@ def local_test_error(data):
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  seed_values = list(range(config.seed, config.seed + seeds))
+  seed_values = config.seed_values(seeds)
   keys = shared.seed_keys(config.seed, seeds)
   cohort = cohort_size(config.num_clients, config.participation)
   rows = []
   for m in config.samples_per_client:
-    data = common.seed_data(keys, num_clients=config.num_clients, dim=config.dim,
+    data = linear.seed_data(keys, num_clients=config.num_clients, dim=config.dim,
                             rep_dim=config.rep_dim, noise_std=config.noise_std, samples=m,
                             test_samples=config.test_samples)
     for name in config.algorithms:
@@ -62,7 +62,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
           init_method=config.fedavg_init if name == "fedavg" else "moments",
           kernel=config.kernel if name == "fedrep" else "xla"), config)
       metrics = unit(f"{name}-m{m}", lambda: shared.run_seeds(
-          algorithm, data, common.hparams(config), keys, config.rounds, progress,
+          algorithm, data, linear.hparams(config), keys, config.rounds, progress,
           desc=f"{name} m={m}").metrics)
       rows += shared.round_rows(name, seed_values, metrics, samples_per_client=m)
   return rows

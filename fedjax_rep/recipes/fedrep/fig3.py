@@ -19,15 +19,16 @@ from fedjax_rep.core.padding import Padded
 from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS, FedRep
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.experiments import config as cfg
+from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import placement
-from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
 from fedjax_rep.experiments.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(common.Sampled):
+class Config(linear.Sampled):
   SHARDED_ALGORITHMS = placement.LINEAR_SHARDED
   num_clients: tuple = cfg.positive_int("numbers of clients n, one panel each", (10, 100, 1000),
                                         sequence=True)
@@ -46,15 +47,15 @@ def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> l
   head_lr). The algorithms differ only in a traced number (head steps) and the values of n
   are padded to a common client count, so each padding group is one compiled program;
   sharded (config.devices, config.cohort_groups), each n is its own program, unpadded."""
-  seed_values = list(range(config.seed, config.seed + seeds))
+  seed_values = config.seed_values(seeds)
   keys = shared.seed_keys(config.seed, seeds)
   combos = grid or [{}]
   curves = {}
   # Sharded (devices, cohort groups), each n runs unpadded: the padded round is one device's.
   groups = ([(n,) for n in config.num_clients] if placement.sharded(config) else
-            common.padding_groups(config.num_clients, config.data_mode))
+            linear.padding_groups(config.num_clients, config.data_mode))
   for group in groups:
-    data = common.padded_seed_data(
+    data = linear.padded_seed_data(
         keys, group, config.participation, mode=config.data_mode, dim=config.dim,
         rep_dim=config.rep_dim, noise_std=config.noise_std, samples=config.samples_per_client)
     runs = [(c, name, n) for c in range(len(combos)) for name in config.algorithms
@@ -88,7 +89,7 @@ def plot(rows, config: Config, file) -> None:
   fig, axes = plotting.figure(len(config.num_clients))
   for ax, n in zip(axes, config.num_clients):
     for name in config.algorithms:
-      plotting.line(ax, rows, "round", "principal_angle", plotting.display_name(name),
+      plotting.line(ax, rows, "round", "principal_angle", labels.label(name),
                     algorithm=name, num_clients=n)
     ax.set(yscale="log", title=f"n = {n}", xlabel="communication round",
            ylabel="principal angle distance")

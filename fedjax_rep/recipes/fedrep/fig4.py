@@ -21,14 +21,14 @@ from fedjax_rep.linear import local as local_lib
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import placement
-from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
 from fedjax_rep.experiments.registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(common.Baselines):
+class Config(linear.Baselines):
   new_client_samples: tuple = cfg.positive_int(
       "samples m_new of each new client (x-axis)", (1, 2, 3, 4, 5, 7, 10, 15, 20, 25, 30, 40),
       sequence=True)
@@ -45,9 +45,9 @@ def new_client_errors(keys, B, B_star, noise_std, sample_counts, num_clients, te
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  seed_values = list(range(config.seed, config.seed + seeds))
+  seed_values = config.seed_values(seeds)
   keys = shared.seed_keys(config.seed, seeds)
-  data = common.seed_data(keys, num_clients=config.num_clients, dim=config.dim,
+  data = linear.seed_data(keys, num_clients=config.num_clients, dim=config.dim,
                           rep_dim=config.rep_dim, noise_std=config.noise_std,
                           samples=config.samples_per_client)
   new_client_keys = jax.vmap(lambda k: jax.random.fold_in(k, 4))(keys[:, 0])
@@ -60,7 +60,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
           name, rep_dim=config.rep_dim, cohort=cohort, local_steps=config.fedavg_local_steps,
           init_method=config.fedavg_init if name == "fedavg" else "moments",
           kernel=config.kernel if name == "fedrep" else "xla"), config)
-      metrics = shared.trained(unit, algorithm, data, common.hparams(config), keys,
+      metrics = shared.trained(unit, algorithm, data, linear.hparams(config), keys,
                                config.rounds, progress)
       B = metrics.pop("B")
       rows += shared.round_rows(name, seed_values, metrics)

@@ -19,41 +19,30 @@ import tempfile
 from fedjax_rep.data import leaf, tfds_data
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural as common
-from fedjax_rep.recipes import table1
+from fedjax_rep.experiments import neural
+from fedjax_rep.experiments import table
+from fedjax_rep.recipes.fedrep import paper
 from fedjax_rep.experiments.registry import Recipe, register
 
 QUICK_ALGORITHMS = ("local", "fedavg-ft", "fedrep")
 
 
 @dataclasses.dataclass(frozen=True)
-class CifarConfig(table1.ShardConfig):
+class CifarConfig(table.ShardConfig):
+  """CIFAR-10 or CIFAR-100 (`dataset`, set by each recipe's `Recipe.defaults` with its
+  settings; not a key)."""
+  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
+  dataset: str = "cifar10"
+
   def check(self):
     super().check()
     if self.source == "files":
-      tfds_data.require(DATASET_OF[type(self)])
+      tfds_data.require(self.dataset)
 
 
 @dataclasses.dataclass(frozen=True)
-class Cifar10Config(CifarConfig):
-  num_clients: tuple = cfg.positive_int("number of clients n of each setting",
-                                        (100, 100, 1000), sequence=True)
-  classes_per_client: tuple = cfg.positive_int(
-      "classes per client S of each setting (paired with num_clients)", (2, 5, 2),
-      sequence=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class Cifar100Config(CifarConfig):
-  num_clients: tuple = cfg.positive_int("number of clients n of each setting", (100, 100),
-                                        sequence=True)
-  classes_per_client: tuple = cfg.positive_int(
-      "classes per client S of each setting (paired with num_clients)", (5, 20),
-      sequence=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class FemnistConfig(table1.ShardConfig):
+class FemnistConfig(table.ShardConfig):
+  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
   num_clients: tuple = cfg.positive_int("number of clients n of each setting", (150,),
                                         sequence=True)
   classes_per_client: tuple = cfg.positive_int(
@@ -64,7 +53,7 @@ class FemnistConfig(table1.ShardConfig):
       148)
   rounds: int = cfg.rounds(200)
   mock_examples: int = cfg.positive_int("training images per user of the mock data", 600)
-  averaging: str | None = table1.leaf_averaging()
+  averaging: str | None = table.leaf_averaging()
 
   def check(self):
     super().check()
@@ -73,7 +62,8 @@ class FemnistConfig(table1.ShardConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class Sent140Config(table1.Fields):
+class Sent140Config(table.Fields):
+  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
   num_clients: int = cfg.num_clients(183)
   max_len: int = cfg.positive_int("tokens per tweet (longer ones are cut, shorter padded)", 25)
   vocab_size: int = cfg.positive_int("vocabulary: the most frequent words of the clients' "
@@ -81,24 +71,20 @@ class Sent140Config(table1.Fields):
   glove: str = cfg.choice("GloVe embeddings: used when the file is present (auto), or never",
                           "auto", ("auto", "off"))
   rounds: int = cfg.rounds(50)
-  source: str = table1.source()
+  source: str = table.source()
   mock_examples: int = cfg.positive_int("training tweets per user of the mock data", 40)
-  averaging: str | None = table1.leaf_averaging()
+  averaging: str | None = table.leaf_averaging()
 
   def check(self):
     if self.source == "files":
       leaf.require("sent140", None)
 
 
-DATASET_OF = {Cifar10Config: "cifar10", Cifar100Config: "cifar100"}
-
-
 def cifar_run(config: CifarConfig, seeds, unit, progress=True, grid=None) -> list[dict]:
-  name = DATASET_OF[type(config)]
-  arrays = tfds_data.load(name, mock_examples=config.mock_examples
+  arrays = tfds_data.load(config.dataset, mock_examples=config.mock_examples
                           if config.source == "mock" else None)
-  model = models.make_model(f"{name}-cnn", precision=config.precision)
-  return table1.shard_run(config, seeds, unit, progress, arrays, model, grid)
+  model = models.make_model(f"{config.dataset}-cnn", precision=config.precision)
+  return table.shard_run(config, seeds, unit, progress, arrays, model, grid)
 
 
 def _leaf_directory(dataset: str, config, users: int, tmp: str) -> str | None:
@@ -113,7 +99,7 @@ def femnist_run(config: FemnistConfig, seeds, unit, progress=True, grid=None) ->
     directory = _leaf_directory("femnist", config, 3 * max(config.num_clients), tmp)
     arrays = leaf.femnist_letters(max(config.num_clients) * config.samples_per_client,
                                   config.seed, directory)
-  return table1.shard_run(config, seeds, unit, progress, arrays,
+  return table.shard_run(config, seeds, unit, progress, arrays,
                           models.make_model("mlp", len(leaf.FEMNIST_LETTERS),
                                             precision=config.precision), grid)
 
@@ -132,7 +118,7 @@ def sent140_run(config: Sent140Config, seeds, unit, progress=True, grid=None) ->
         glove_path=glove_path if use_glove else None, directory=directory)
   model = models.make_model("sent140-lstm", 2, vocab_size=vocab_size, embeddings=embeddings,
                              precision=config.precision)
-  return table1.run(config, seeds, unit, progress, sent140_settings(config),
+  return table.run(config, seeds, unit, progress, sent140_settings(config),
                     lambda setting, seed: data, model, grid)
 
 
@@ -140,38 +126,45 @@ def sent140_settings(config: Sent140Config) -> list[dict]:
   return [{"num_clients": config.num_clients}]
 
 
-def _register(dataset: str, title: str, config, run, settings, quick: dict, summary: str):
+def _register(dataset: str, title: str, config, run, settings, quick: dict, summary: str,
+              defaults: dict):
   def summarize(rows, config):
-    return table1.table(rows, config, dataset, settings(config))
+    return table.table(rows, config, dataset, settings(config), paper.PAPER)
 
   def plot(rows, config, file):
-    table1.plot(rows, config, file, dataset, settings(config),
-                f"{title}{' (MOCK DATA)' if config.source == 'mock' else ''}: "
-                f"r={config.participation}, {config.rounds} rounds")
+    table.plot(rows, config, file, dataset, settings(config),
+               f"{title}{' (MOCK DATA)' if config.source == 'mock' else ''}: "
+               f"r={config.participation}, {config.rounds} rounds", paper.PAPER,
+               "FedRep Table 1")
 
   register(Recipe(name=f"fedrep-table1-{dataset}", summary=summary, config=config,
+                  defaults=defaults,
                   quick={"source": "mock", "algorithms": QUICK_ALGORITHMS, **quick},
                   run=run, plot=plot, default_seeds=1, summarize=summarize,
                   summary_file="table1.csv",
-                  mock_data=lambda config: table1.mock_data(config, title), rank=140,
-                  traced=common.traced_keys, summary_only=common.COST,
+                  mock_data=lambda config: table.mock_data(config, title), rank=140,
+                  traced=neural.traced_keys, summary_only=neural.COST,
                   docs="docs/papers/fedrep.md#table-1-neural-networks-on-real-data"))
 
 
 _QUICK_SHARDS = {"rounds": 3, "eval_every": 1, "client_group": 1}
-_register("cifar10", "CIFAR-10", Cifar10Config, cifar_run, table1.shard_settings,
+_register("cifar10", "CIFAR-10", CifarConfig, cifar_run, table.shard_settings,
           {**_QUICK_SHARDS, "num_clients": (10, 10), "classes_per_client": (2, 5)},
           "FedRep Table 1, CIFAR-10 (n, S) = (100, 2), (100, 5), (1000, 2): all algorithms "
-          "(tfds files)")
-_register("cifar100", "CIFAR-100", Cifar100Config, cifar_run, table1.shard_settings,
+          "(tfds files)",
+          {"dataset": "cifar10", "num_clients": (100, 100, 1000),
+           "classes_per_client": (2, 5, 2)})
+_register("cifar100", "CIFAR-100", CifarConfig, cifar_run, table.shard_settings,
           {**_QUICK_SHARDS, "num_clients": (10, 10), "classes_per_client": (5, 20),
            "mock_examples": 1000, "rounds": 2},
-          "FedRep Table 1, CIFAR-100 (n, S) = (100, 5), (100, 20): all algorithms (tfds files)")
-_register("femnist", "FEMNIST (10 letters)", FemnistConfig, femnist_run, table1.shard_settings,
+          "FedRep Table 1, CIFAR-100 (n, S) = (100, 5), (100, 20): all algorithms (tfds files)",
+          {"dataset": "cifar100", "num_clients": (100, 100), "classes_per_client": (5, 20)})
+_register("femnist", "FEMNIST (10 letters)", FemnistConfig, femnist_run, table.shard_settings,
           {**_QUICK_SHARDS, "num_clients": (10,), "samples_per_client": 20,
            "mock_examples": 100},
-          "FedRep Table 1, FEMNIST: 10 letters, n = 150, S = 3, log-normal sizes (LEAF files)")
+          "FedRep Table 1, FEMNIST: 10 letters, n = 150, S = 3, log-normal sizes (LEAF files)",
+          {})
 _register("sent140", "Sent140", Sent140Config, sent140_run, sent140_settings,
           {"rounds": 3, "eval_every": 1, "client_group": 1, "num_clients": 10,
            "vocab_size": 50},
-          "FedRep Table 1, Sent140: its users as clients (n = 183), an LSTM (LEAF files)")
+          "FedRep Table 1, Sent140: its users as clients (n = 183), an LSTM (LEAF files)", {})

@@ -19,8 +19,9 @@ import dataclasses
 from fedjax_rep.data import synthetic
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural as common
-from fedjax_rep.recipes import table1
+from fedjax_rep.experiments import neural
+from fedjax_rep.experiments import table
+from fedjax_rep.recipes.fedrep import paper
 from fedjax_rep.experiments.registry import Recipe, register
 
 DATASET = "synthetic"
@@ -29,7 +30,8 @@ QUICK_ALGORITHMS = ("local", "fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedr
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(table1.Fields):
+class Config(table.Fields):
+  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
   num_clients: int = cfg.num_clients(100)
   alpha: tuple = cfg.setting((0.0, 0.5, 1.0), cfg.Check(float, low=0.0, sequence=True),
                              "model heterogeneity alpha of each setting")
@@ -41,10 +43,10 @@ class Config(table1.Fields):
   test_fraction: float = cfg.setting(0.2, cfg.Check(float, low=0.0, high=0.5, open_low=True),
                                      "fraction of each client's samples held out for testing")
   lr: float = cfg.lr(0.05, "step size of local SGD")
-  averaging: str | None = table1.leaf_averaging()
+  averaging: str | None = table.leaf_averaging()
 
   def check(self):
-    table1.check_paired(self, "alpha", "beta")
+    table.check_paired(self, "alpha", "beta")
 
 
 def settings(config: Config) -> list[dict]:
@@ -59,19 +61,19 @@ def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> l
                                test_fraction=config.test_fraction)
 
   model = models.make_model("synthetic-mlp", precision=config.precision)
-  return table1.run(config, seeds, unit, progress, settings(config), dataset, model, grid)
+  return table.run(config, seeds, unit, progress, settings(config), dataset, model, grid)
 
 
 def summarize(rows, config: Config):
-  return table1.table(rows, config, DATASET, settings(config))
+  return table.table(rows, config, DATASET, settings(config), paper.PAPER)
 
 
 def plot(rows, config: Config, file) -> None:
-  table1.plot(rows, config, file, DATASET, settings(config),
+  table.plot(rows, config, file, DATASET, settings(config),
               f"Synthetic(alpha, beta): n={config.num_clients}, r={config.participation}, "
               f"{config.rounds} rounds, client sizes "
               + ("uncapped" if config.max_samples is None else
-                 f"capped at {config.max_samples}"))
+                 f"capped at {config.max_samples}"), paper.PAPER, "FedRep Table 1")
 
 
 RECIPE = register(Recipe(
@@ -83,4 +85,4 @@ RECIPE = register(Recipe(
     config=Config, quick={"num_clients": 50, "rounds": 40, "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot,
     default_seeds=3, summarize=summarize, summary_file="table1.csv",
-    traced=common.traced_keys, summary_only=common.COST))
+    traced=neural.traced_keys, summary_only=neural.COST))

@@ -21,23 +21,23 @@ from fedjax_rep.linear.flute import LOSSES
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import labels
+from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
 
 NOISE_STD = 0.3 ** 0.5  # App. C.1: label noise of variance 0.3
 ALGORITHMS = ("flute", "fedrep-ri", "fedrep")
-LABELS = {"flute": "FLUTE", "fedrep-ri": "FedRep(RI)", "fedrep": "FedRep"}
 
 
 @dataclasses.dataclass(frozen=True)
-class ProblemConfig(common.Problem):
+class ProblemConfig(linear.Problem):
   """Fields every FLUTE recipe has."""
   UNSHARDED = "FLUTE (its neural-collapse step runs over the whole cohort)"
   spectrum: str = cfg.choice("singular values of Phi: linear (2d - i + 1, App. C.1), "
                              "geometric (2d 0.7^(i-1)), gaussian (phi_i ~ N(0, I), Sec. 7.1)",
                              "linear", underparam.SPECTRA)
-  noise_std: float = common.noise_std(NOISE_STD)
+  noise_std: float = linear.noise_std(NOISE_STD)
   rounds: int = cfg.rounds(1000)
   lr: float = cfg.lr(0.03, "step size eta_l of every algorithm's data step (B and heads)")
   reg_lr: float = cfg.lr(0.03, "FLUTE's regulariser step size eta_r (theory: = lr)")
@@ -114,7 +114,7 @@ def run_cell(config, keys, unit, progress, *, rep_dim, num_clients, samples, alg
   carries the seed's rank-k floor `rank_k_error`.
   """
   seeds = keys.shape[0]
-  seed_values = list(range(config.seed, config.seed + seeds))
+  seed_values = config.seed_values(seeds)
   data = problem_data(keys, np.float32(config.noise_std), num_clients=num_clients,
                       dim=config.dim, samples=tuple(samples), spectrum=config.spectrum)
   data, floors = jax.device_get(with_rep_dim(data, rep_dim))
@@ -174,7 +174,7 @@ def final_table(rows, cell_keys=("rep_dim", "num_clients", "samples_per_client")
 
 def markdown_table(rows, algorithms=ALGORITHMS) -> str:
   """`final_table` as a markdown table of mean ± std over seeds."""
-  header = ["k", "M", "N", *(LABELS.get(a, a) for a in algorithms), "rank-k floor", "seeds"]
+  header = ["k", "M", "N", *(labels.label(a) for a in algorithms), "rank-k floor", "seeds"]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for cell in final_table(rows):
     values = [f"{cell[a][0]:.3f} ± {cell[a][1]:.3f}" if a in cell else "" for a in algorithms]
@@ -224,7 +224,7 @@ def grid_figure(rows, config, file, *, rep_dims, client_counts, samples, title):
   fig, axes = plotting.grid_of(len(cells), len(columns) if len(columns) > 1 else None)
   for ax, (k, m, n) in zip(axes, cells):
     cell = plotting.select(rows, rep_dim=k, num_clients=m, samples_per_client=n)
-    panel(ax, cell, [(LABELS.get(a, a), {"algorithm": a}) for a in config.algorithms],
+    panel(ax, cell, [(labels.label(a), {"algorithm": a}) for a in config.algorithms],
           f"k={k}, M={m}, N={n}")
   fig.suptitle(title)
   plotting.save(fig, file)

@@ -11,7 +11,7 @@ import dataclasses
 
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.flute import common as fc
-from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
 from fedjax_rep.experiments.registry import Recipe, register
@@ -19,7 +19,7 @@ from fedjax_rep.experiments.registry import Recipe, register
 
 @dataclasses.dataclass(frozen=True)
 class Config(fc.ProblemConfig):
-  rep_dim: int = common.rep_dim(6)
+  rep_dim: int = linear.rep_dim(6)
   num_clients: int = cfg.num_clients(10)
   samples_per_client: tuple = cfg.positive_int("samples per client N, one panel each",
                                                (8, 9, 10, 11), sequence=True)

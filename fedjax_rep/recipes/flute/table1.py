@@ -20,15 +20,13 @@ from fedjax_rep.data import digits, tfds_data
 from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural as common
-from fedjax_rep.recipes import table1
+from fedjax_rep.experiments import neural
+from fedjax_rep.experiments import table
 from fedjax_rep.experiments.registry import Recipe, register
 
 ALGORITHMS = ("fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedrep", "fedrep-star", "fedrod",
               "fedcp", "flute", "flute-star", "fedbabu")
 QUICK_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "fedbabu")  # FLUTE's Table 1's own
-LABELS = {**table1.LABELS, "fedrep-star": "FedRep*", "fedrod": "FedRoD", "fedcp": "FedCP",
-          "flute": "FLUTE", "flute-star": "FLUTE*"}
 
 # FLUTE Table 1, test accuracy in % (FedBABU is not in it).
 _COLUMNS = (("cifar10", 50, 2), ("cifar10", 50, 5), ("cifar10", 100, 2), ("cifar10", 100, 5),
@@ -53,7 +51,7 @@ SETTINGS = {"cifar10": ((50, 50, 100, 100), (2, 5, 2, 5)),
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(table1.ShardConfig):
+class Config(table.ShardConfig):
   dataset: str = cfg.choice("the data: tfds files of CIFAR-10/100, or scikit-learn's digits "
                             "(offline)", "cifar10", ("cifar10", "cifar100", "digits"))
   num_clients: tuple = cfg.positive_int(
@@ -63,8 +61,7 @@ class Config(table1.ShardConfig):
   classes_per_client: tuple = cfg.positive_int(
       "classes per client m of each setting (paired with num_clients)",
       SETTINGS["cifar10"][1], sequence=True)
-  algorithms: tuple = cfg.choice("algorithms to compare", ALGORITHMS, ALGORITHMS,
-                                 sequence=True)
+  algorithms: tuple = neural.algorithms(ALGORITHMS)
   head_epochs: int = cfg.positive_int("FedRep's head epochs per round (FedRep* and FLUTE*: "
                                       "10); also FedAvg-FT's fine-tuning epochs", 1)
   flute_nc: float = cfg.nonnegative_float("FLUTE's weight lambda3 of the neural-collapse term",
@@ -82,13 +79,13 @@ class Config(table1.ShardConfig):
       nn_registry.OPTIONS["fedcp_lambda"])
 
   def check(self):
-    table1.check_paired(self, "num_clients", "classes_per_client")
+    table.check_paired(self, "num_clients", "classes_per_client")
     if self.dataset != "digits" and self.source == "files":
       tfds_data.require(self.dataset)
 
 
 def settings(config: Config) -> list[dict]:
-  return table1.shard_settings(config)
+  return table.shard_settings(config)
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> list[dict]:
@@ -99,25 +96,24 @@ def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> l
     x, y, x_test, y_test = tfds_data.load(
         config.dataset, mock_examples=config.mock_examples if config.source == "mock" else None)
     model = models.make_model(f"{config.dataset}-cnn", precision=config.precision)
-  return table1.shard_run(config, seeds, unit, progress, (x, y, x_test, y_test), model,
+  return table.shard_run(config, seeds, unit, progress, (x, y, x_test, y_test), model,
                           grid)
 
 
 def summarize(rows, config: Config):
-  return table1.table(rows, config, config.dataset, settings(config), PAPER)
+  return table.table(rows, config, config.dataset, settings(config), PAPER)
 
 
 def mock_data(config: Config) -> str | None:
   """What config trains on instead of its CIFAR dataset with source=mock (`Recipe.mock_data`);
   None on the files or on digits (real data, whatever the source)."""
-  return None if config.dataset == "digits" else table1.mock_data(config, config.dataset)
+  return None if config.dataset == "digits" else table.mock_data(config, config.dataset)
 
 
 def plot(rows, config: Config, file) -> None:
-  table1.plot(rows, config, file, config.dataset, settings(config),
+  table.plot(rows, config, file, config.dataset, settings(config),
               f"FLUTE Table 1, {config.dataset}{' (MOCK DATA)' if mock_data(config) else ''}: "
-              f"r={config.participation}, {config.rounds} rounds", PAPER, LABELS,
-              "FLUTE Table 1")
+              f"r={config.participation}, {config.rounds} rounds", PAPER, "FLUTE Table 1")
 
 
 RECIPE = register(Recipe(
@@ -131,4 +127,4 @@ RECIPE = register(Recipe(
            "rounds": 40, "eval_every": 2, "lr": 0.05, "client_group": 1,
            "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot, default_seeds=1, summarize=summarize, summary_file="table1.csv",
-    mock_data=mock_data, traced=common.traced_keys, summary_only=common.COST))
+    mock_data=mock_data, traced=neural.traced_keys, summary_only=neural.COST))

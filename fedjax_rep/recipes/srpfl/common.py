@@ -24,19 +24,19 @@ from fedjax_rep.core import loop
 from fedjax_rep.hetero import schedule, speeds, timed
 from fedjax_rep.linear.fedrep import FedRep
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import labels
+from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import shared
 
 ALGORITHMS = ("srpfl", "fedrep", "fastest-n")
-LABELS = {"srpfl": "SRPFL", "fedrep": "FedRep (all N)", "fastest-n": "fastest n0 only"}
 
 
 @dataclasses.dataclass(frozen=True)
-class TimedConfig(common.Problem):
+class TimedConfig(linear.Problem):
   """Fields every SRPFL recipe has."""
   UNSHARDED = "SRPFL's timed schedules"
   rounds: int = cfg.rounds(400)
-  noise_std: float = common.noise_std(0.1)
+  noise_std: float = linear.noise_std(0.1)
   n0: int = cfg.positive_int("SRPFL's initial participants n0 (and fastest-n's n)", 10)
   schedule: str = cfg.choice("rounds per stage: fixed (stage_rounds each) or theorem "
                              "(Theorem 4.5's rule, calibrated on a pilot FedRep run)", "fixed",
@@ -52,7 +52,7 @@ class TimedConfig(common.Problem):
                                         "reached the target", 10)
 
   def check_timed(self, client_counts):
-    common.check_rep_dim(self)
+    linear.check_rep_dim(self)
     if self.n0 > min(client_counts):
       raise cfg.ConfigError(f"n0={self.n0} is out of range: n0 must be an integer in "
                             f"[1, num_clients={min(client_counts)}]")
@@ -70,6 +70,12 @@ class Panels:
                                    ("fixed", "dynamic"), ("fixed", "dynamic"), sequence=True)
   comm_costs: tuple = cfg.setting((0.0, 10.0, 100.0), cfg.Check(float, low=0.0, sequence=True),
                                   "communication costs C per round, one column each")
+
+
+def label(name: str) -> str:
+  """An algorithm's name in the SRPFL figures (`labels.label`), FedRep's saying that it
+  waits for all N clients."""
+  return labels.label(name) + (" (all N)" if name == "fedrep" else "")
 
 
 def speed_model(kind: str, num_clients: int) -> speeds.SpeedModel:
@@ -133,8 +139,8 @@ def run_panel(config, keys, unit, progress, *, num_clients, speed, comm_costs, a
   target and the run's rounds_to_target, time_to_target and, for fixed Exp(1) speeds,
   expected_time_to_target."""
   seeds = keys.shape[0]
-  seed_values = list(range(config.seed, config.seed + seeds))
-  data = common.seed_data(keys, num_clients=num_clients, dim=config.dim,
+  seed_values = config.seed_values(seeds)
+  data = linear.seed_data(keys, num_clients=num_clients, dim=config.dim,
                           rep_dim=config.rep_dim, noise_std=config.noise_std,
                           samples=config.samples_per_client, mode="fresh")
   names = ("fedrep", *[a for a in algorithms if a != "fedrep"])
@@ -146,7 +152,7 @@ def run_panel(config, keys, unit, progress, *, num_clients, speed, comm_costs, a
 
   def run(unit_name, schedules):
     """metrics [names, C, seeds, T] of the runs with participants schedules[name, C]."""
-    hp = shared.concatenate([per_seed(timed.hparams(common.hparams(config), n_t, c))
+    hp = shared.concatenate([per_seed(timed.hparams(linear.hparams(config), n_t, c))
                              for name in names for c, n_t in zip(comm_costs, schedules[name])])
     runs = len(names) * len(comm_costs)
     metrics = unit(unit_name, lambda: loop.run(

@@ -48,7 +48,7 @@ def plot(rows, config: Config, file) -> None:
       ax = axes[i, j]
       panel = plotting.select(rows, speed_model=speed, comm_cost=comm_cost)
       for name in config.algorithms:
-        plotting.line(ax, panel, "wall_clock", "principal_angle", sc.LABELS[name],
+        plotting.line(ax, panel, "wall_clock", "principal_angle", sc.label(name),
                       along="round", algorithm=name)
       ax.axhline(np.mean([r["target"] for r in panel]), color="black", ls="--", lw=1,
                  label="target")

@@ -30,7 +30,8 @@ from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import labels
+from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import shared
 from fedjax_rep.recipes.srpfl import common as sc
@@ -41,9 +42,6 @@ ALGORITHMS = {"srpfl": ("fedrep", True), "fedrep": ("fedrep", False),
               "lg-srpfl": ("lg-fedavg", True), "lg-fedavg": ("lg-fedavg", False),
               "flanp-ft": ("fedavg-ft", True), "fedavg-ft": ("fedavg-ft", False),
               "flanp": ("fedavg", True), "fedavg": ("fedavg", False)}
-LABELS = {"srpfl": "SRPFL", "fedrep": "FedRep", "lg-srpfl": "LG-SRPFL",
-          "lg-fedavg": "LG-FedAvg", "flanp-ft": "FLANP-FT", "fedavg-ft": "FedAvg-FT",
-          "flanp": "FLANP", "fedavg": "FedAvg"}
 COLORS = {"fedrep": "tab:blue", "lg-fedavg": "tab:green", "fedavg-ft": "tab:red",
           "fedavg": "tab:orange"}  # by timed algorithm; doubling solid, all N dashed
 QUICK_ALGORITHMS = ("srpfl", "fedrep", "lg-srpfl", "lg-fedavg", "flanp-ft", "fedavg-ft")
@@ -69,7 +67,7 @@ FEMNIST_SAMPLES = 150  # training samples per client (the paper: 15,000 over 100
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(sc.Panels, common.Training):
+class Config(sc.Panels, neural.Training):
   UNSHARDED = "SRPFL's timed schedules"
   participation: tuple = cfg.setting(
       (1.0, 0.2), cfg.Check(float, low=0.0, high=1.0, open_low=True, sequence=True),
@@ -79,7 +77,7 @@ class Config(sc.Panels, common.Training):
                                        "dataset's, 1 on digits and CIFAR-10, else 5)", 0, low=0)
   lr: float = cfg.nonnegative_float("step size of local SGD (0: the dataset's, 0.05 on "
                                     "digits, else the paper's 0.01)", 0.0)
-  eval_every: int = common.eval_every(2)
+  eval_every: int = neural.eval_every(2)
   dataset: str = cfg.choice("the data (all but digits need their files: fedjax-rep data)",
                             "digits", tuple(DATASETS))
   num_clients: int = cfg.positive_int("number of clients M (0: the dataset's, 50 on digits, "
@@ -112,7 +110,8 @@ class Config(sc.Panels, common.Training):
 def setting(config: Config) -> dict:
   """The dataset's model, classes, M, S, lr and local epochs, with the config's non-zero
   fields over them."""
-  return {k: getattr(config, k, 0) or v for k, v in DATASETS[config.dataset].items()}
+  fields = vars(config)
+  return {k: fields.get(k, 0) or v for k, v in DATASETS[config.dataset].items()}
 
 
 def data(config: Config, seed_values) -> federated.ClientDatasets:
@@ -120,7 +119,7 @@ def data(config: Config, seed_values) -> federated.ClientDatasets:
   partition), stacked along a leading seed axis."""
   s = setting(config)
   if config.dataset == "digits":
-    return federated.stack([common.validated(digits.federated(
+    return federated.stack([neural.validated(digits.federated(
         s["num_clients"], "classes", s["classes_per_client"], seed=seed), config, seed)
                             for seed in seed_values])
   if config.dataset == "femnist":
@@ -132,7 +131,7 @@ def data(config: Config, seed_values) -> federated.ClientDatasets:
     parts, test_parts = partition_lib.partition(
         "classes", y, y_test, num_clients=s["num_clients"], seed=seed,
         classes_per_client=s["classes_per_client"])
-    datasets.append(common.validated(federated.client_datasets(
+    datasets.append(neural.validated(federated.client_datasets(
         x, y, parts, x_test, y_test, test_parts, s["classes"]), config, seed))
   return federated.stack(datasets)
 
@@ -167,7 +166,7 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
   model = models.make_model(s["model"], s["classes"], precision=config.precision)
   inner_hparams = hparams_lib.hparams(s["lr"], config.momentum, config.weight_decay)
   per_seed = lambda tree: jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], seeds, 0), tree)
-  keys = common.run_keys(seed_values)
+  keys = neural.run_keys(seed_values)
   names = algorithm_names(config)
   inners = {inner: nn_registry.make_algorithm(inner, model=model, cohort=cohort,
                                               local_epochs=s["local_epochs"],
@@ -180,7 +179,7 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
   results = {}
   for inner in inners:  # one program for all of them where they share it (`nn.program`)
     group = [name for name in names if ALGORITHMS[name][0] == inner]
-    program, program_hparams = common.shared_program(config, inners[inner], inner_hparams,
+    program, program_hparams = neural.shared_program(config, inners[inner], inner_hparams,
                                                      list(inners.values()), datasets)
     algorithm = timed.EvaluatedTimed(program, sc.speed_model(speed, num_clients),
                                      cohort=cohort, name=f"timed-{program.name}")
@@ -198,9 +197,9 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
 
     result = unit(unit_name, compute)
     for i, name in enumerate(group):
-      results[name] = common.runs(result, i * seeds, (i + 1) * seeds)
+      results[name] = neural.runs(result, i * seeds, (i + 1) * seeds)
 
-  final = results["fedrep"]["eval"]["test_accuracy"][:, -common.LAST_EVALUATIONS:]
+  final = results["fedrep"]["eval"]["test_accuracy"][:, -neural.LAST_EVALUATIONS:]
   targets = config.target_fraction * final.mean(axis=1)
   rows = []
   for comm_cost in config.comm_costs:
@@ -210,7 +209,7 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
       result = {**result, "metrics": {**result["metrics"], "wall_clock": clock}}
       rounds, times = first_reached(result, targets)
       for i, seed in enumerate(seed_values):
-        rows += common.rows(name, [seed], common.runs(result, i, i + 1),
+        rows += neural.rows(name, [seed], neural.runs(result, i, i + 1),
                             speed_model=speed, participation=participation,
                             comm_cost=comm_cost, target=float(targets[i]),
                             rounds_to_target=float(rounds[i]), time_to_target=float(times[i]))
@@ -218,7 +217,7 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
 
 
 def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  seed_values = list(range(config.seed, config.seed + seeds))
+  seed_values = config.seed_values(seeds)
   datasets = data(config, seed_values)
   rows = []
   for speed in config.speed_models:
@@ -238,7 +237,7 @@ def summarize(rows, config: Config) -> list[dict]:
       for comm_cost in config.comm_costs:
         selected = plotting.select(rows, speed_model=speed, participation=participation,
                                    comm_cost=comm_cost)
-        entries = common.summary(selected, algorithm_names(config), config.summary)
+        entries = neural.summary(selected, algorithm_names(config), config.summary)
         for entry in entries:
           runs = plotting.select(selected, algorithm=entry["algorithm"], round=1)
           reached = [r for r in runs if np.isfinite(r["time_to_target"])]
@@ -279,7 +278,7 @@ def plot(rows, config: Config, file) -> None:
                                                 along="round", **where)
           ax.plot(xs, mean, color=COLORS[inner], ls="-" if doubling else "--", lw=1.4,
                   alpha=1 - 0.6 * g / len(grids),
-                  label=LABELS[name] + ("" if label is None else f" ({label})"))
+                  label=labels.label(name) + ("" if label is None else f" ({label})"))
           ax.fill_between(xs, low, high, color=COLORS[inner], alpha=0.12, lw=0)
       ax.axhline(np.mean([r["target"] for r in panel if r["round"] == 1]), color="black",
                  ls=":", lw=1, label="target")

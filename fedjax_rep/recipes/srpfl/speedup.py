@@ -78,7 +78,7 @@ def plot(rows, config: Config, file) -> None:
   fig, (left, right) = plotting.figure(2, width=5.0)
   first_rows = [r for r in rows if r["round"] == 1]
   for name in ("srpfl", "fedrep"):
-    plotting.line(left, first_rows, "num_clients", "time_to_target", sc.LABELS[name],
+    plotting.line(left, first_rows, "num_clients", "time_to_target", sc.label(name),
                   algorithm=name)
   left.set(xscale="log", yscale="log", xlabel="clients N", ylabel="simulated time to target",
            title=f"time to reach ε = {config.c_hat:g} × FedRep's floor")
