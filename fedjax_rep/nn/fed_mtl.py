@@ -88,7 +88,7 @@ class FedMTL(Personalized):
         info, mask)
     return trained.replace(shared=state.shared), sent, weights, losses
 
-  def exchanged(self, shared, personal):
+  def exchanged(self, shared, personal, hparams):
     """The client's round-start model (its params in W) up; the sum S of the cohort's and
     their number m down (what `train_clients` hands `client_update` in `shared`)."""
     model = regularised(personal)

@@ -99,7 +99,7 @@ class Flute(Personalized):
       head, _ = head_trained(body, head)
     return body, head, loss
 
-  def exchanged(self, shared, personal):
+  def exchanged(self, shared, personal, hparams):
     """The head kernel H_i up and back down: the server's NC step moves the cohort's."""
     head = {KERNEL: personal[KERNEL]}
     return head, head, 1.0

@@ -39,7 +39,7 @@ class L2GD(Personalized):
   def labels(self, flat):
     return params_lib.all_personal(flat)
 
-  def exchanged(self, shared, personal):
+  def exchanged(self, shared, personal, hparams):
     """In an averaging round (a share l2gd_p of the rounds) the client's model up and the
     cohort's mean down; nothing in a local round."""
     return personal, personal, self.l2gd_p

@@ -68,6 +68,7 @@ def register(name: str, summary: str, cls, **fixed) -> registry.Entry:
                      f"{previous.__module__}.{previous.__qualname__}); register "
                      f"{cls.__qualname__} under another name")
   CLASSES[name] = cls
+  hparams_lib.KNOWN.update(hparams_lib.declared(cls))
   return registry.register("neural", name, summary, _maker(cls, **fixed),
                            options=tuple(hparams_lib.declared(cls).values()))
 
@@ -79,8 +80,9 @@ def _same_user_class(previous: type, cls: type) -> bool:
 
 
 def options() -> dict[str, hparams_lib.Option]:
-  """{name: Option} of every option a registered neural algorithm declares."""
-  return {o.name: o for entry in registry.ALGORITHMS["neural"].values() for o in entry.options}
+  """{name: Option} of every option a registered neural algorithm declares
+  (`hparams.KNOWN`)."""
+  return dict(hparams_lib.KNOWN)
 
 
 for _name, _summary, _cls, _fixed in [

@@ -32,7 +32,7 @@ class Scaffold(FedAvg):
   def initial_parts(self, flat):
     return flat, {CONTROL + p: jnp.zeros_like(v) for p, v in flat.items()}
 
-  def initial_server(self, shared):
+  def initial_server(self, shared, personal):
     return {"control": jax.tree.map(jnp.zeros_like, shared)}
 
   def client_update(self, shared, personal, x, y, count, key, hparams, info):
