@@ -266,7 +266,7 @@ def test_flute_conventions_match_the_reference(case):
   head_epochs, head_first, options = FLUTE_CASES[case]
   data = flute_tests.make_data()
   algorithm = flute_tests.make(head_epochs=head_epochs, head_first=head_first)
-  hp = hparams(**options)
+  hp = hparams(**options, **flute_tests.LAMBDAS)
   state = initial(algorithm, data, hp)
   authors = dict(head_first=head_first, feature_sum="feature_sum" in options,
                  bias_decay="no_bias_decay" not in options, uniform="uniform_average" in options,

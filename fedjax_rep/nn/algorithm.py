@@ -72,6 +72,10 @@ class Personalized(ModelSteps):
   # client with the shared params, because its `client_update` reads them (SCAFFOLD's
   # control variate); the others (e.g. momentum) stay on the server (`cost.communication`).
   server_sent: ClassVar[tuple[str, ...]] = ()
+  # The epoch field that this class also reads as a traced option of that name
+  # (`hparams.FT_EPOCHS`, `hparams.HEAD_EPOCHS`: how many of those epochs run), so that
+  # its variants that differ only in it share one program (`program.program`); None: none.
+  traced_epochs: ClassVar[str | None] = None
 
   # -- the hooks ---------------------------------------------------------------------------
   def labels(self, flat: dict) -> dict:
@@ -137,6 +141,13 @@ class Personalized(ModelSteps):
     Python float, as a constant)."""
     option = hparams_lib.declared(self)[name]
     return hparams.options.get(name, option.number(option.default))
+
+  def member(self, flat: dict):
+    """The choices (`partial.Member`, Python values) with which this algorithm runs as a
+    member of the traced program of `partial.PartialSharing` for params `flat` (or their
+    shapes); None (the default): not a member."""
+    del flat
+    return None
 
   # -- the algorithm ---------------------------------------------------------------------
   def check(self, data, hparams: NNHparams) -> None:

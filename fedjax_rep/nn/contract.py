@@ -22,7 +22,7 @@ from fedjax_rep.nn import params as params_lib
 
 # Whom `evaluate` tests: every client (FedRep's code, the default), or the last round's cohort.
 EVAL_CLIENTS = ("all", "cohort")
-AVERAGE_UNTRAINED = conventions.OPTIONS["starting_heads"]
+AVERAGE_UNTRAINED = conventions.FLAG_OF["starting_heads"]
 _PROBED = set()  # (algorithm, shapes) whose hooks passed `check_hooks`
 
 
