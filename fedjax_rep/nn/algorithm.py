@@ -6,9 +6,9 @@ cohort size, epochs, batch size, client group size, placement), its `NNHparams` 
 with the options it declares (`options`, a tuple of `hparams.Option`). A subclass
 overrides some hooks (docs/api.md, "Adding an algorithm"): `labels(flat)` (which params
 are shared, which personal); `initial_parts(flat)`, `initial_server(shared, personal)`
-(the starting state); `client_update(shared, personal, x, y, count, key, hparams, info)` -> (what it
-sends, new personal params, mean loss); `server_update(shared, sent, weights, hparams,
-info)` -> (new shared params, new server state); `eval_params(...)` (the params a client
+(the starting state); `client_update(shared, personal, x, y, count, key, hparams, info)`
+-> (what it sends, new personal params, mean loss); `server_update(shared, sent, weights,
+hparams, info)` -> (new shared params, new server state); `eval_params(...)` (the params a client
 is tested with). `info` (`RoundInfo`) carries the round index, the server state and the
 number of clients. What a round costs (`cost`): `server_sent` (the server state sent to
 clients) and `exchanged` (what a round moves outside the hooks). Sharding: `sharded`;
@@ -138,9 +138,11 @@ class Personalized(ModelSteps):
   def option(self, hparams: NNHparams, name: str):
     """The value of the option `name` that this algorithm declares (`options`): hparams'
     (traced, float32 []; a choice's index) where present, else its Option's default (a
-    Python float, as a constant)."""
+    Python float, as a constant; None where the algorithm computes it)."""
     option = hparams_lib.declared(self)[name]
-    return hparams.options.get(name, option.number(option.default))
+    if name in hparams.options or option.default is None:
+      return hparams.options.get(name)
+    return option.number(option.default)
 
   def member(self, flat: dict):
     """The choices (`partial.Member`, Python values) with which this algorithm runs as a

@@ -94,9 +94,9 @@ def communication(algorithm, data, hparams) -> dict:
                      f"state {sorted(state.server)}")
   up, down, share = algorithm.exchanged(state.shared, personal, run_hparams)
   received = {k: state.server[k] for k in algorithm.server_sent}
-  return {"upload_bytes": tree_bytes(sent) + round(share * tree_bytes(up)),
+  return {"upload_bytes": tree_bytes(sent) + round(float(share) * tree_bytes(up)),
           "download_bytes": (tree_bytes(state.shared) + tree_bytes(received)
-                             + round(share * tree_bytes(down)))}
+                             + round(float(share) * tree_bytes(down)))}
 
 
 def round_flops(algorithm, data, hparams) -> float:

@@ -54,7 +54,8 @@ class Option:
       return "one of " + ", ".join(self.choices)
     if self.high == math.inf:
       return f"finite and {'>' if self.open else '>='} {self.low:g}"
-    return f"in {'(' if self.open else '['}{self.low:g}, {self.high:g}{')' if self.open else ']'}"
+    left, right = "()" if self.open else "[]"
+    return f"in {left}{self.low:g}, {self.high:g}{right}"
 
   def check(self, value) -> None:
     """ValueError (one line, naming the option and its range) unless `value` is valid."""
@@ -136,4 +137,5 @@ def hparams(lr: float = 0.01, momentum: float = 0.5, weight_decay: float = 1e-4,
     known[name].check(value)
   return jax.device_put(NNHparams(  # numpy scalars placed: no device program compiles
       lr=np.float32(lr), momentum=np.float32(momentum), weight_decay=np.float32(weight_decay),
-      options={name: np.float32(known[name].number(value)) for name, value in options.items()}))
+      options={name: np.float32(known[name].number(value))
+               for name, value in options.items()}))
