@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 import nn_reference as ref
+from fedjax_rep.nn import hparams as hparams_lib
+from fedjax_rep.nn import registry
 from test_nn_reference import (ATOL, HP, ROUNDS, RTOL, STRUCTURE, assert_states_close,
                                from_reference, initial_state, jitted, make, make_data,
                                run_package, server_and_shared, to_reference)
@@ -26,7 +28,14 @@ EVALUATED = ("fedprox", "fedprox-ft", "scaffold", "scaffold-ft", "ditto", "apfl"
 
 
 def make_baseline(name):
-  return make(name, ft_epochs=FT_EPOCHS, **OPTIONS)
+  return make(name, ft_epochs=FT_EPOCHS)
+
+
+def baseline_hparams(name):
+  """HP with the OPTIONS that algorithm `name` declares (its traced numbers)."""
+  declared = hparams_lib.declared(registry.CLASSES[name])
+  return HP.replace(options=hparams_lib.hparams(
+      **{k: v for k, v in OPTIONS.items() if k in declared}).options)
 
 
 def rounds_and_key(name):
@@ -72,7 +81,7 @@ def test_rounds_match_reference(name):
   state = initial_state(algorithm, data)
   shared, personal = to_reference(state, data.num_clients)
   rounds, key = rounds_and_key(name)
-  state, losses = run_package(algorithm, state, data, key, rounds)
+  state, losses = run_package(algorithm, state, data, key, rounds, baseline_hparams(name))
   shared, personal, ref_losses = run_reference(name, shared, personal, data, key, rounds)
   assert_states_close(state, shared, personal)
   np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, atol=ATOL)
@@ -93,7 +102,7 @@ def test_scaffold_server_control_is_the_mean_of_the_clients():
   data = make_data()
   algorithm = make_baseline("scaffold")
   state = algorithm.init(jax.random.key(0), data, HP)
-  state, _ = run_package(algorithm, state, data, KEY, ROUNDS)
+  state, _ = run_package(algorithm, state, data, KEY, ROUNDS, baseline_hparams("scaffold"))
   shared = server_and_shared(state)
   controls = [p for p in shared if p.startswith(ref.CONTROL)]
   assert controls and set(controls) == set(state.personal)
@@ -110,8 +119,9 @@ def test_eval_params_match_reference(name):
   algorithm, state = trained_state(name, data)
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
       jax.random.wrap_key_data(state.eval_key), jnp.arange(data.num_clients))
+  hp = baseline_hparams(name)
   tested = jax.jit(jax.vmap(lambda personal, x, y, count, key: algorithm.eval_params(
-      state.shared, personal, x, y, count, key, HP)))(state.personal, data.x, data.y,
+      state.shared, personal, x, y, count, key, hp)))(state.personal, data.x, data.y,
                                                        data.counts, keys)
   shared, personal = to_reference(state, data.num_clients)
   for i in range(data.num_clients):
@@ -126,7 +136,7 @@ def test_eval_params_match_reference(name):
 def test_evaluation_matches_reference(name):
   data = make_data()
   algorithm, state = trained_state(name, data)
-  metrics = jitted(algorithm, "evaluate")(state, data, HP)
+  metrics = jitted(algorithm, "evaluate")(state, data, baseline_hparams(name))
   shared, personal = to_reference(state, data.num_clients)
   expected = ref.evaluate(shared, personal, data, HP, **reference_eval_options(name, state))
   for metric in ("test_accuracy", "test_accuracy_std"):

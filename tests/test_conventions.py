@@ -31,7 +31,7 @@ from conftest import emulated_devices_env
 from test_nn_reference import (ATOL, MODEL, ROUNDS, RTOL, STRUCTURE, assert_states_close,
                                initial_state, make_data, to_reference)
 
-# The flags of the authors' conventions (`conventions.OPTIONS`), all on.
+# The flags of the authors' conventions (`conventions.FLAG_OF`), all on.
 AUTHORS = dict(feature_sum=1.0, average_untrained=1.0, no_bias_decay=1.0, uniform_average=1.0)
 # Weight decay larger than test_nn_reference's, so that the biases' share shows in 2 rounds.
 DECAY = 0.05
@@ -266,7 +266,7 @@ def test_flute_conventions_match_the_reference(case):
   head_epochs, head_first, options = FLUTE_CASES[case]
   data = flute_tests.make_data()
   algorithm = flute_tests.make(head_epochs=head_epochs, head_first=head_first)
-  hp = hparams(**options)
+  hp = hparams(**options, **flute_tests.LAMBDAS)
   state = initial(algorithm, data, hp)
   authors = dict(head_first=head_first, feature_sum="feature_sum" in options,
                  bias_decay="no_bias_decay" not in options, uniform="uniform_average" in options,

@@ -106,7 +106,7 @@ def test_mmd_on_a_hand_made_case():
 
 def test_rounds_match_reference():
   data = make_data()
-  algorithm = make("fedcp", fedcp_lambda=LAMBDA)
+  algorithm = make("fedcp")  # fedcp_lambda: LAMBDA, the default
   state = initial_state(algorithm, data)
   shared, personal = to_reference(state, data.num_clients)
   state, losses = run_package(algorithm, state, data, KEY)
@@ -122,7 +122,7 @@ def test_evaluation_matches_reference():
   """Every client's test logits (eval_params, then logits: its Gumbel noise from its
   evaluation key) and evaluate's metrics, of a state trained by the reference's rounds."""
   data = make_data()
-  algorithm = make("fedcp", fedcp_lambda=LAMBDA)
+  algorithm = make("fedcp")  # fedcp_lambda: LAMBDA, the default
   state = initial_state(algorithm, data)
   shared, personal = to_reference(state, data.num_clients)
   shared, personal, _ = run_reference(shared, personal, data, KEY)
@@ -144,7 +144,7 @@ def test_evaluation_matches_reference():
 
 
 def test_rounds_and_evaluation_compile_once(compiles):
-  algorithm = make("fedcp", fedcp_lambda=LAMBDA)
+  algorithm = make("fedcp")  # fedcp_lambda: LAMBDA, the default
   data = make_data()
   state = initial_state(algorithm, data)
   run_package(algorithm, state, data, KEY)  # compiled here unless an earlier test did
@@ -162,9 +162,10 @@ def test_rounds_and_evaluation_compile_once(compiles):
 
 @pytest.mark.parametrize("value", [-1.0, math.nan, math.inf])
 def test_bad_lambda_fails_before_any_compile(value, compiles):
-  algorithm = make("fedcp", fedcp_lambda=value)
+  algorithm = make("fedcp")
   data, key = make_data(), jax.random.key(0)
   compiles.reset()  # building the data and the key may compile; only the run must not
-  with pytest.raises(ValueError, match=r"fedcp_lambda=.* must be a finite number >= 0"):
-    fr.run(algorithm, data, HP, key, 1, progress=False)
+  with pytest.raises(ValueError, match=r"fedcp_lambda.* (must be finite and >= 0|is not finite)"):
+    fr.run(algorithm, data, HP.replace(options={"fedcp_lambda": np.float32(value)}), key, 1,
+           progress=False)
   assert compiles.count == 0

@@ -23,9 +23,13 @@ KEY = jax.random.key(3)
 NAMES = ("fedrod", "fedbabu")
 
 
-def make_alg(name, babu_ft_body=True):
-  options = dict(babu_ft_body=babu_ft_body) if name == "fedbabu" else {}
-  return make(name, ft_epochs=FT_EPOCHS, **options)
+def make_alg(name):
+  return make(name, ft_epochs=FT_EPOCHS)
+
+
+def babu_hparams(ft_body):
+  """HP with FedBABU's flag babu_ft_body (1 or 0: fine-tune body and head, or the head)."""
+  return HP.replace(options=fr.nn_hparams(babu_ft_body=int(ft_body)).options)
 
 
 def run_reference(name, shared, personal, data, key=KEY, rounds=ROUNDS):
@@ -184,10 +188,11 @@ def test_fedrod_tests_with_generic_plus_personal_logits():
 @pytest.mark.parametrize("ft_body", [True, False])
 def test_fedbabu_fine_tuned_params_match_reference(ft_body):
   data = make_data()
-  algorithm = make_alg("fedbabu", ft_body)
+  algorithm = make_alg("fedbabu")
   state = trained_state(algorithm, data)
+  hp = babu_hparams(ft_body)
   tuned = jax.jit(jax.vmap(lambda x, y, count, key: algorithm.eval_params(
-      state.shared, {}, x, y, count, key, HP)))(data.x, data.y, data.counts,
+      state.shared, {}, x, y, count, key, hp)))(data.x, data.y, data.counts,
                                                 client_keys(state, data.num_clients))
   shared, _ = to_reference(state, data.num_clients)
   for i in range(data.num_clients):
@@ -251,14 +256,15 @@ def test_rounds_and_evaluation_compile_once_across_keys_data_and_hparams(name, c
   assert compiles.count == 0
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(babu_ft_body="yes"), r"babu_ft_body='yes' must be a bool"),
-    (dict(ft_epochs=-1), r"ft_epochs=-1 must be an integer >= 0"),
+@pytest.mark.parametrize("options, traced, message", [
+    ({}, dict(babu_ft_body=np.float32(0.5)),
+     r"babu_ft_body=0.5 is out of range: babu_ft_body must be 0 or 1"),
+    (dict(ft_epochs=-1), {}, r"ft_epochs=-1 must be an integer >= 0"),
 ])
-def test_bad_fedbabu_options_fail_before_any_compile(options, message, compiles):
+def test_bad_fedbabu_options_fail_before_any_compile(options, traced, message, compiles):
   algorithm = dataclasses.replace(make_alg("fedbabu"), **options)
   data, key = make_data(), jax.random.key(0)
   compiles.reset()  # building the data and the key may compile; only the run must not
   with pytest.raises(ValueError, match=message):
-    fr.run(algorithm, data, HP, key, 1, progress=False)
+    fr.run(algorithm, data, HP.replace(options=traced), key, 1, progress=False)
   assert compiles.count == 0

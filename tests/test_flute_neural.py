@@ -21,12 +21,20 @@ import flute_reference as fref
 import nn_reference as ref
 from test_nn_reference import initial_state, to_reference
 
-HP = hparams_lib.hparams(lr=0.1, momentum=0.5, weight_decay=1e-3)
 MODEL = models.make_model("digits-mlp", 10)
 STRUCTURE = dict(local_epochs=1, head_epochs=2, batch_size=4, client_group=2)
 # Larger than the defaults, so that two rounds show them.
 LAMBDAS = dict(flute_nc=0.25, flute_head_norm=0.01, flute_feature_norm=0.01, flute_server_lr=0.5)
 ZERO = dict(flute_nc=0.0, flute_head_norm=0.0, flute_feature_norm=0.0, flute_server_lr=0.0)
+
+
+def flute_hparams(**lambdas):
+  """The hparams of these tests: FLUTE's weights LAMBDAS (its traced options), those of
+  `lambdas` changed."""
+  return hparams_lib.hparams(lr=0.1, momentum=0.5, weight_decay=1e-3, **{**LAMBDAS, **lambdas})
+
+
+HP = flute_hparams()
 COUNTS = [7, 8, 10, 11, 13, 14]  # m = 14: 4 steps of 4, some partial, some empty
 TEST_COUNTS = [3, 4, 5, 3, 4, 5]
 WIDE_COUNTS = [3, 300, 5, 60, 3, 150]  # heavy-tailed: 3 samples next to 300
@@ -54,7 +62,7 @@ def make_data(seed=0, counts=COUNTS, layout=client_datasets):
 
 
 def make(**fields):
-  return Flute(model=MODEL, cohort=3, **{**STRUCTURE, **LAMBDAS, **fields})
+  return Flute(model=MODEL, cohort=3, **{**STRUCTURE, **fields})
 
 
 def random_kernels(n, features=8, classes=10, seed=0):
@@ -156,8 +164,9 @@ def test_nc_step_moves_only_the_trained_heads_and_decreases_their_nc():
   classes = jnp.asarray(masks(list(range(10)), [1, 4, 7], [2, 9], [0, 3, 5, 6]))
   trained = jnp.array([True, False, True, True])
   terms = jax.vmap(nc.nc_term)
-  algorithm = make(flute_server_lr=0.05)
-  stepped = jax.jit(algorithm.nc_step)(kernels, classes, trained)
+  algorithm = make()
+  stepped = jax.jit(algorithm.nc_step)(kernels, classes, trained,
+                                       flute_hparams(flute_server_lr=0.05))
   np.testing.assert_array_equal(stepped[1], kernels[1])
   before, after = terms(kernels, classes), terms(stepped, classes)
   assert float(jnp.sum(after[trained])) < float(jnp.sum(before[trained]))
@@ -213,11 +222,11 @@ def test_rounds_match_the_reference(head_epochs, counts, layout):
                                err_msg=p)
 
 
-def client_update(algorithm, data, i=3, key=jax.random.key(5)):
+def client_update(algorithm, data, i=3, key=jax.random.key(5), hp=HP):
   state = initial_state(algorithm, data)
   personal = jax.tree.map(lambda p: p[i], state.personal)
   return jitted(algorithm, "client_update")(state.shared, personal, data.x[i], data.y[i],
-                                            data.counts[i], key, HP,
+                                            data.counts[i], key, hp,
                                             algorithm.round_info(state, data.num_clients))
 
 
@@ -225,8 +234,9 @@ def client_update(algorithm, data, i=3, key=jax.random.key(5)):
 @pytest.mark.parametrize("field", ["flute_nc", "flute_head_norm", "flute_feature_norm"])
 def test_each_regulariser_changes_the_local_training(field):
   data = make_data()
-  plain = client_update(make(**ZERO), data)
-  regularised = client_update(make(**{**ZERO, field: LAMBDAS[field]}), data)
+  plain = client_update(make(), data, hp=flute_hparams(**ZERO))
+  regularised = client_update(make(), data,
+                              hp=flute_hparams(**{**ZERO, field: LAMBDAS[field]}))
   for part in (0, 1):  # the body and the head both move
     assert not all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(
         jax.tree.leaves(plain[part]), jax.tree.leaves(regularised[part])))
@@ -236,8 +246,8 @@ def test_without_regularisers_flute_is_its_plain_schedule():
   """All weights 0: local_epochs of FedPer's joint training, then head epochs with the body
   frozen (`train_head`), with the keys (key_joint, key_head) = split(key)."""
   data = make_data()
-  algorithm = make(**ZERO)
-  body, head, loss = client_update(algorithm, data)
+  algorithm = make()
+  body, head, loss = client_update(algorithm, data, hp=flute_hparams(**ZERO))
   key_joint, key_head = jax.random.split(jax.random.key(5))
   fedper = FedPer(**{f.name: getattr(algorithm, f.name)
                      for f in dataclasses.fields(Personalized) if f.name != "name"})

@@ -50,6 +50,17 @@ def test_an_option_of_the_algorithms_is_swept_in_the_same_program(compiles):
   assert len(set(finals.values())) > 1  # the options reached the program
 
 
+def test_a_baselines_number_is_a_traced_option_swept_in_one_program(compiles):
+  rows, _ = runner.run("digits-personalized", quick=True, seeds=1, progress=False,
+                       overrides=["rounds=2", "eval_every=1", "algorithms=fedprox",
+                                  "num_clients=10"],
+                       grid={"prox_mu": (0.001, 10.0)})
+  assert [n for n in compiles.names if n == "jit(_run_chunk)"] == ["jit(_run_chunk)"]
+  assert {r["prox_mu"] for r in rows} == {0.001, 10.0}
+  finals = {r["prox_mu"]: r["train_loss"] for r in rows if r["round"] == 2}
+  assert len(set(finals.values())) > 1  # prox_mu reached the program
+
+
 def test_settings_that_do_not_fit_run_in_chunks_of_one_program(capsys, compiles):
   config = neural.Training()
   data = federated.stack([digits.federated(10, "classes", 2, seed=s) for s in (0, 1)])

@@ -106,12 +106,12 @@ def jitted(algorithm, method):
   return _JITTED[algorithm, method]
 
 
-def run_package(algorithm, state, data, key, rounds=ROUNDS):
-  """The package's state and train losses after `rounds`, each under jit."""
+def run_package(algorithm, state, data, key, rounds=ROUNDS, hparams=HP):
+  """The package's state and train losses after `rounds`, each under jit (with `hparams`)."""
   step = jitted(algorithm, "masked_round")
   losses = []
   for t, (clients, mask) in enumerate(rounds):
-    state, metrics = step(state, jax.random.fold_in(key, t), data, HP, jnp.asarray(clients),
+    state, metrics = step(state, jax.random.fold_in(key, t), data, hparams, jnp.asarray(clients),
                           None if mask is None else jnp.asarray(mask))
     losses.append(float(metrics["train_loss"]))
   return state, losses

@@ -14,7 +14,7 @@ from fedjax_rep.core import cohort
 from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS, FedRep
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.registry import make_algorithm
-from fedjax_rep.experiments import linear as common
+from fedjax_rep.experiments import linear
 from fedjax_rep.experiments import runner
 from fedjax_rep.experiments import shared
 from fedjax_rep.core.padding import Padded
@@ -55,9 +55,9 @@ def test_stable_argsort_is_numpys_stable_argsort(n):
 
 
 def test_padding_groups_follow_shuffle_rounds():
-  assert common.padding_groups((10, 100, 1000)) == [(10, 100, 1000)]
-  assert common.padding_groups((10, 2000, 100)) == [(10, 100), (2000,)]
-  assert common.padding_groups((10, 100), mode="fresh") == [(10,), (100,)]
+  assert linear.padding_groups((10, 100, 1000)) == [(10, 100, 1000)]
+  assert linear.padding_groups((10, 2000, 100)) == [(10, 100), (2000,)]
+  assert linear.padding_groups((10, 100), mode="fresh") == [(10,), (100,)]
 
 
 @pytest.mark.slow
@@ -68,7 +68,7 @@ def test_padded_traced_runs_equal_unpadded_runs(name):
   counts, participation, seeds, rounds = (8, 30), 0.25, 2, 12
   keys = shared.seed_keys(0, seeds)
   problem = dict(dim=6, rep_dim=2, noise_std=0.05, samples=4)
-  padded = common.padded_seed_data(keys, counts, participation, **problem)
+  padded = linear.padded_seed_data(keys, counts, participation, **problem)
   steps = {"fedrep": 0, "gd-gd": 1, "3gd-gd": 3}[name]
   hparams = LinearHparams(lr=jnp.full(len(counts) * seeds, 0.1),
                           head_lr=jnp.full(len(counts) * seeds, 0.1),
@@ -78,7 +78,7 @@ def test_padded_traced_runs_equal_unpadded_runs(name):
   together = shared.run_seeds(algorithm, padded, hparams, jnp.concatenate([keys, keys]),
                               rounds, progress=False, hparams_axis=0)
   for i, n in enumerate(counts):
-    data = common.seed_data(keys, num_clients=n, **problem)
+    data = linear.seed_data(keys, num_clients=n, **problem)
     alone = shared.run_seeds(make_algorithm(name, rep_dim=2,
                                             cohort=cohort.cohort_size(n, participation)),
                              data, LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.1)),

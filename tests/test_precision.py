@@ -20,7 +20,7 @@ from fedjax_rep.nn import models, train
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn.conv import conv_im2col, max_pool2
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural as common
+from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import registry
 
 INPUTS = {"digits-mlp": (8, 8, 1), "digits-cnn": (8, 8, 1), "cifar10-cnn": (32, 32, 3),
@@ -269,7 +269,7 @@ def test_precision_setting_of_every_neural_recipe(compiles):
   models', float32 and bf16 among them, the same for every recipe); bf16 is accepted and
   recorded in the config (config.json is its asdict); a bad value is a ConfigError naming
   the key and the choices, before any compilation."""
-  choices = cfg.fields(common.Training)["precision"].metadata["check"].choices
+  choices = cfg.fields(neural.Training)["precision"].metadata["check"].choices
   assert {"float32", "bf16"} <= set(choices) <= set(models.PRECISIONS)
   for recipe in NEURAL_RECIPES:
     field = cfg.fields(registry.get(recipe).config)["precision"]

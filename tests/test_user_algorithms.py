@@ -93,7 +93,7 @@ class Typo(fr.Personalized):
 class GrowingServer(fr.Personalized):
   name: str = "growing-server"
 
-  def initial_server(self, shared):
+  def initial_server(self, shared, personal):
     return {"count": jnp.zeros(())}
 
   def server_update(self, shared, sent, weights, hparams, info):

@@ -139,16 +139,21 @@ def takes_options(config) -> bool:
 
 def with_options(config, values: dict):
   """`config` with the traced options `values` ({name: number}) added to its `options`
-  (replacing those of the same name), sorted by name; not validated."""
-  merged = {**dict(config.options), **values}
+  (replacing those of the same name; None, 'auto': left out, the algorithm's default),
+  sorted by name; not validated."""
+  merged = {k: v for k, v in {**dict(config.options), **values}.items() if v is not None}
   return dataclasses.replace(config, options=tuple(sorted(merged.items())))
 
 
 def option_check(option) -> Check:
-  """The Check of the values of an `nn.hparams.Option`: its range (0 or 1 for a flag)."""
+  """The Check of the values of an `nn.hparams.Option`: its range (0 or 1 for a flag, one
+  of its names for choices; also 'auto' where the algorithm computes its default)."""
   if option.flag:
     return Check(float, choices=(0.0, 1.0))
-  return Check(float, low=option.low, high=None if math.isinf(option.high) else option.high)
+  if option.choices:
+    return Check(str, choices=option.choices)
+  return Check(float, low=option.low, high=None if math.isinf(option.high) else option.high,
+               open_low=option.open, open_high=option.open, optional=option.default is None)
 
 
 # A number as written on the command line (Python's float() also takes '1_000' and spaces).

@@ -144,11 +144,6 @@ def algorithms(default=ALGORITHMS):
   return cfg.choice("algorithms to compare", default, registered, sequence=True)
 
 
-# The declared options that a recipe sets itself, not --set: the conventions' flags
-# (`conventions` and its knobs) and the epoch counts that `family.program` sets.
-SET_BY_RECIPE = (*conventions_lib.FLAGS, hparams_lib.FT_EPOCHS, hparams_lib.HEAD_EPOCHS)
-
-
 @dataclasses.dataclass(frozen=True)
 class Training(cfg.Config):
   """The configuration fields of every neural recipe's training: FedRep's schedule
@@ -191,12 +186,13 @@ class Training(cfg.Config):
 
   def declared_options(self) -> dict[str, hparams_lib.Option]:
     """{name: Option} of the traced options that the algorithms in `algorithms` declare
-    (a recipe without that field: none), less SET_BY_RECIPE; --set and --grid take them
+    (a recipe without that field: none), less those a recipe sets itself (`set_by_recipe`:
+    the conventions' flags, the epoch counts of `nn.program`); --set and --grid take them
     as keys."""
     entries = [nn_registry.ALGORITHMS[name] for name in getattr(self, "algorithms", ())
                if name in nn_registry.ALGORITHMS]
     return {o.name: o for entry in entries for o in entry.options
-            if o.name not in SET_BY_RECIPE}
+            if not o.set_by_recipe}
 
 
 def resolved_conventions(config) -> conventions_lib.Conventions:
@@ -210,7 +206,8 @@ def resolved_conventions(config) -> conventions_lib.Conventions:
 def options_text(config) -> str:
   """A figure title's words for the traced options config sets, e.g. ", server_beta=0.9"
   (empty where it sets none)."""
-  return "".join(f", {name}={value:g}" for name, value in getattr(config, "options", ()))
+  return "".join(f", {name}={value if isinstance(value, str) else format(value, 'g')}"
+                 for name, value in getattr(config, "options", ()))
 
 
 def conventions_text(config) -> str:
@@ -228,14 +225,10 @@ def conventions_text(config) -> str:
 
 def hparams(config) -> hparams_lib.NNHparams:
   """The traced hyperparameters of `config`: lr, momentum, weight decay, and the algorithms'
-  traced options (`nn.registry.options`) that config sets, as fields (None: the
-  algorithm's default) or in its `options` (--set NAME=VALUE); not SET_BY_RECIPE (the
-  conventions' flags, which depend on the algorithm: `shared_program`; the epoch counts,
-  fields of the structure where config has them)."""
-  options = {k: getattr(config, k) for k in nn_registry.options()
-             if k not in SET_BY_RECIPE and getattr(config, k, None) is not None}
-  options.update(getattr(config, "options", ()))
-  return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay, **options)
+  traced options that config sets in its `options` (--set NAME=VALUE; the conventions'
+  flags, which depend on the algorithm, are `shared_program`'s)."""
+  return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay,
+                             **dict(getattr(config, "options", ())))
 
 
 def validated(data, config, seed: int):
@@ -264,16 +257,15 @@ def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_e
 
 
 def algorithm(name, config, model, num_clients):
-  """Algorithm `name` with its structure, options, placement (devices, cohort groups),
-  whom it evaluates (eval_clients) and the structure of its conventions (FLUTE*'s order)
-  from `config`, for num_clients clients."""
-  options = {k: getattr(config, k) for k in nn_registry.OPTIONS if hasattr(config, k)}
+  """Algorithm `name` with its structure, placement (devices, cohort groups), whom it
+  evaluates (eval_clients) and the structure of its conventions (FLUTE*'s order) from
+  `config`, for num_clients clients."""
   return nn_registry.make_algorithm(
       name, model=model, cohort=cohort_size(num_clients, config.participation),
       local_epochs=config.local_epochs, head_epochs=config.head_epochs,
       batch_size=config.batch_size, client_group=config.client_group,
       ft_epochs=config.head_epochs, head_first=resolved_conventions(config).head_first(),
-      eval_clients=config.eval_clients, **placement.keywords(config), **options)
+      eval_clients=config.eval_clients, **placement.keywords(config))
 
 
 def shared_program(config, own, own_hparams, peers, data) -> tuple:

@@ -94,9 +94,9 @@ def can_shard(name: str, sharded_names: tuple | None = None) -> str | None:
   if sharded_names is not None:
     return None if name in sharded_names else (
         f"of this recipe's algorithms only {', '.join(sharded_names)} shard")
-  from fedjax_rep.nn import registry as nn_registry
-  from fedjax_rep.nn import sharded
-  return sharded.refusal(nn_registry.make_algorithm(name, model=None, cohort=1))
+  from fedjax_rep.nn import registry as nn_registry  # not at the top: linear recipes
+  from fedjax_rep.nn import sharded  # import this module without flax (test_imports)
+  return sharded.refusal(nn_registry.CLASSES[name])
 
 
 def keywords(config) -> dict:

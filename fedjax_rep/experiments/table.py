@@ -15,8 +15,6 @@ import numpy as np
 from fedjax_rep.data import federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import conventions as conventions_lib
-from fedjax_rep.nn import fed_mtl
-from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import neural
@@ -48,34 +46,11 @@ def paper_accuracy(dataset: str, setting: dict, algorithm: str, paper: dict) -> 
 class Fields(neural.Training):
   """The configuration fields every Table-1 recipe has: the neural training schedule, the
   algorithms (any registered neural algorithm; a recipe's Config gives its table's as the
-  default) and the baselines' hyperparameters (defaults: the algorithms' own),
-  and the authors' code's training conventions (`nn.conventions`: the papers' tables came
-  from that code). A recipe's Config derives from it and adds its data fields."""
+  default; the baselines' hyperparameters are their traced options, --set keys), and the
+  authors' code's training conventions (`nn.conventions`: the papers' tables came from
+  that code). A recipe's Config derives from it and adds its data fields."""
   algorithms: tuple = neural.algorithms()
   conventions: str = neural.conventions(conventions_lib.AUTHORS)
-  prox_mu: float = cfg.nonnegative_float("FedProx's proximal weight mu",
-                                         nn_registry.OPTIONS["prox_mu"])
-  ditto_lambda: float = cfg.nonnegative_float(
-      "Ditto's weight lambda pulling personal models to the global one",
-      nn_registry.OPTIONS["ditto_lambda"])
-  apfl_alpha: float = cfg.setting(nn_registry.OPTIONS["apfl_alpha"],
-                                  cfg.Check(float, low=0.0, high=1.0),
-                                  "APFL's mixing weight alpha of the local model")
-  maml_inner_lr: float = cfg.positive_float("Per-FedAvg's inner (adaptation) step size",
-                                            nn_registry.OPTIONS["maml_inner_lr"])
-  l2gd_p: float = cfg.setting(nn_registry.OPTIONS["l2gd_p"],
-                              cfg.Check(float, low=0.0, high=1.0, open_low=True,
-                                        open_high=True),
-                              "L2GD's probability of an averaging round")
-  l2gd_lambda: float = cfg.nonnegative_float(
-      "L2GD's penalty lambda on the distance to the mean model",
-      nn_registry.OPTIONS["l2gd_lambda"])
-  mtl_lambda: float | None = cfg.optional_nonnegative_float(
-      "Fed-MTL's regulariser weight lambda (traced; auto: the authors' 10^-(floor(log10 p) + "
-      "2) for the model's p parameters)")
-  mtl_omega: str = cfg.choice("Fed-MTL's Omega: ones (what the authors' code ran), eye "
-                              "(identity-based), centering (MOCHA's I - 11^T/m)",
-                              nn_registry.OPTIONS["mtl_omega"], fed_mtl.OMEGAS)
 
 
 def leaf_averaging():

@@ -5,10 +5,10 @@ averages the shared parameters, every client keeps its personal ones.
 cohort size, epochs, batch size, client group size, placement), its `NNHparams` traced,
 with the options it declares (`options`, a tuple of `hparams.Option`). A subclass
 overrides some hooks (docs/api.md, "Adding an algorithm"): `labels(flat)` (which params
-are shared, which personal); `initial_parts(flat)`, `initial_server(shared)` (the starting
-state); `client_update(shared, personal, x, y, count, key, hparams, info)` -> (what it
-sends, new personal params, mean loss); `server_update(shared, sent, weights, hparams,
-info)` -> (new shared params, new server state); `eval_params(...)` (the params a client
+are shared, which personal); `initial_parts(flat)`, `initial_server(shared, personal)`
+(the starting state); `client_update(shared, personal, x, y, count, key, hparams, info)`
+-> (what it sends, new personal params, mean loss); `server_update(shared, sent, weights,
+hparams, info)` -> (new shared params, new server state); `eval_params(...)` (the params a client
 is tested with). `info` (`RoundInfo`) carries the round index, the server state and the
 number of clients. What a round costs (`cost`): `server_sent` (the server state sent to
 clients) and `exchanged` (what a round moves outside the hooks). Sharding: `sharded`;
@@ -30,6 +30,7 @@ from fedjax_rep.core import tree
 from fedjax_rep.nn import contract
 from fedjax_rep.nn import conventions
 from fedjax_rep.nn import evaluation
+from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import sharded
 from fedjax_rep.nn.hparams import NNHparams
@@ -71,6 +72,10 @@ class Personalized(ModelSteps):
   # client with the shared params, because its `client_update` reads them (SCAFFOLD's
   # control variate); the others (e.g. momentum) stay on the server (`cost.communication`).
   server_sent: ClassVar[tuple[str, ...]] = ()
+  # The epoch field that this class also reads as a traced option of that name
+  # (`hparams.FT_EPOCHS`, `hparams.HEAD_EPOCHS`: how many of those epochs run), so that
+  # its variants that differ only in it share one program (`program.program`); None: none.
+  traced_epochs: ClassVar[str | None] = None
 
   # -- the hooks ---------------------------------------------------------------------------
   def labels(self, flat: dict) -> dict:
@@ -82,9 +87,10 @@ class Personalized(ModelSteps):
     """(shared, one client's personal) parts of the state for initial model params `flat`."""
     return params_lib.split(flat, self.labels(flat))
 
-  def initial_server(self, shared: dict) -> dict:
-    """The initial server state (a pytree; default: empty) for initial shared params."""
-    del shared
+  def initial_server(self, shared: dict, personal: dict) -> dict:
+    """The initial server state (a pytree; default: empty) for the initial shared params
+    and one client's initial personal params (`initial_parts`)."""
+    del shared, personal
     return {}
 
   def client_update(self, shared: dict, personal: dict, x, y, count, key, hparams,
@@ -113,14 +119,37 @@ class Personalized(ModelSteps):
     del x, y, count, key, hparams
     return params_lib.merge(shared, personal)
 
-  def exchanged(self, shared: dict, personal: dict) -> tuple:
+  def exchanged(self, shared: dict, personal: dict, hparams: NNHparams) -> tuple:
     """(up, down, share): what a sampled client uploads and downloads in a round besides
     `client_update`'s `sent`, the shared params and the `server_sent` server state, as
     pytrees of arrays or shapes (`shared` the server's, `personal` one client's), and the
-    share of rounds that exchange them (1.0: every round). For `cost.communication`; a
-    round that moves params outside the hooks says so here. Default: nothing."""
-    del shared, personal
+    share of rounds that exchange them (1.0: every round; a number, from one run's
+    `hparams`). For `cost.communication`; a round that moves params outside the hooks says
+    so here. Default: nothing."""
+    del shared, personal, hparams
     return {}, {}, 1.0
+
+  # -- what the lower modules ask ------------------------------------------------------
+  @classmethod
+  def overrides(cls, hook: str) -> bool:
+    """Whether this class (or a base below `Personalized`) overrides the method `hook`."""
+    return getattr(cls, hook) is not getattr(Personalized, hook)
+
+  def option(self, hparams: NNHparams, name: str):
+    """The value of the option `name` that this algorithm declares (`options`): hparams'
+    (traced, float32 []; a choice's index) where present, else its Option's default (a
+    Python float, as a constant; None where the algorithm computes it)."""
+    option = hparams_lib.declared(self)[name]
+    if name in hparams.options or option.default is None:
+      return hparams.options.get(name)
+    return option.number(option.default)
+
+  def member(self, flat: dict):
+    """The choices (`partial.Member`, Python values) with which this algorithm runs as a
+    member of the traced program of `partial.PartialSharing` for params `flat` (or their
+    shapes); None (the default): not a member."""
+    del flat
+    return None
 
   # -- the algorithm ---------------------------------------------------------------------
   def check(self, data, hparams: NNHparams) -> None:
@@ -140,13 +169,13 @@ class Personalized(ModelSteps):
     spec = data.input_spec()
     sample = jnp.zeros((1, *spec.shape), spec.dtype)
     flat = params_lib.flatten(self.model.init(key_model, sample)["params"])
-    shared, personal = self.initial_parts(flat)
+    shared, one_personal = self.initial_parts(flat)
     personal = jax.tree.map(lambda p: jnp.broadcast_to(p, (data.num_clients, *p.shape)),
-                            personal)
+                            one_personal)
     n = data.num_clients
     return sharded.place(self, NNState(
         shared=shared, personal=personal, eval_key=jax.random.key_data(key_eval),
-        server=self.initial_server(shared), round=jnp.zeros((), jnp.int32),
+        server=self.initial_server(shared, one_personal), round=jnp.zeros((), jnp.int32),
         untrained=jnp.ones(n, bool) if contract.AVERAGE_UNTRAINED in hparams.options else None,
         cohort=jnp.zeros(n, bool) if self.eval_clients == "cohort" else None))
 

@@ -22,7 +22,7 @@ from fedjax_rep.nn import params as params_lib
 
 # Whom `evaluate` tests: every client (FedRep's code, the default), or the last round's cohort.
 EVAL_CLIENTS = ("all", "cohort")
-AVERAGE_UNTRAINED = conventions.OPTIONS["starting_heads"]
+AVERAGE_UNTRAINED = conventions.FLAG_OF["starting_heads"]
 _PROBED = set()  # (algorithm, shapes) whose hooks passed `check_hooks`
 
 
@@ -85,7 +85,6 @@ def check_hooks(algorithm, data, hparams) -> None:
   the module docstring), probed on one client of `data` (shapes only). An algorithm that
   overrides `train_clients` prepares client_update's inputs itself: only its labels and
   init are probed."""
-  from fedjax_rep.nn.algorithm import Personalized  # the base imports this module
   alone = dataclasses.replace(algorithm, devices=None, cohort_groups=None)
   per_run = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype)  # a sweep's axis dropped
   hp = jax.tree.map(per_run, hparams)
@@ -106,7 +105,7 @@ def check_hooks(algorithm, data, hparams) -> None:
                      + (f"got unknown paths {unknown}" if unknown else f"got {labels!r}"[:300]))
   state = _probe(alone, "init (initial_parts, initial_server)",
                  lambda: alone.init(jax.random.key(0), data, hp))
-  if type(alone).train_clients is not Personalized.train_clients:
+  if alone.overrides("train_clients"):
     _PROBED.add(key)
     return
   personal = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), state.personal)

@@ -11,7 +11,7 @@ lgcollins/FedRep and of RenpuLiu/flute, forked from it); `PRESETS` sets them tog
   trained ones, weighted as the server averages);
 - bias_decay: weight decay "on" every parameter, or "off" for biases;
 - averaging (the shared params and train_loss): by sample counts ("samples") or "uniform".
-The traced knobs are `hparams.options` flags (OPTIONS; absent is "paper"'s value);
+The traced knobs are `hparams.options` flags (FLAG_OF; absent is "paper"'s value);
 flute_star_order is structure (`Flute.head_first`). Each value's source: docs/neural.md.
 """
 
@@ -34,7 +34,7 @@ KNOBS = {"feature_penalty": ("mean", "sum"),
          "averaging": ("samples", "uniform")}
 # Knob -> the traced flag of `hparams.options` that is 1 where the knob has the authors'
 # value (flute_star_order is structure: `Flute.head_first`).
-OPTIONS = {"feature_penalty": "feature_sum", "starting_heads": "average_untrained",
+FLAG_OF = {"feature_penalty": "feature_sum", "starting_heads": "average_untrained",
            "bias_decay": "no_bias_decay", "averaging": "uniform_average"}
 HELP = {
     "feature_penalty": "FLUTE's lambda1 ||psi(x)||^2 over a minibatch: the mean over its rows "
@@ -53,8 +53,9 @@ HELP = {
 
 
 # Traced flag -> its `Option` (declared by the algorithms that read it).
-FLAGS = {flag: Option(flag, 0.0, help=f"1: the authors' code's {knob} ({HELP[knob]})", flag=True)
-         for knob, flag in OPTIONS.items()}
+FLAGS = {flag: Option(flag, 0.0, help=f"1: the authors' code's {knob} ({HELP[knob]})", flag=True,
+                      set_by_recipe=True)
+         for knob, flag in FLAG_OF.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,9 +76,9 @@ class Conventions:
     authors' value (the paper's are absent: the engine's defaults); with `algorithm` (a
     `Personalized`), only those it declares (`hparams.declared`: average_untrained is
     FedRep's, FedPer's, LG-FedAvg's and FLUTE's)."""
-    knobs = [k for k in OPTIONS if self.authors(k) and (
-        algorithm is None or OPTIONS[k] in declared(algorithm))]
-    return {OPTIONS[k]: 1.0 for k in knobs}
+    knobs = [k for k in FLAG_OF if self.authors(k) and (
+        algorithm is None or FLAG_OF[k] in declared(algorithm))]
+    return {FLAG_OF[k]: 1.0 for k in knobs}
 
   def head_first(self) -> bool:
     """`Flute.head_first`: FLUTE*'s head epochs before its joint ones."""
@@ -122,7 +123,7 @@ def client_weights(data, rows, hparams, mask=None) -> jax.Array:
   counts, or 1 each with the flag uniform_average (averaging="uniform"); 0 where `mask`
   [c] (bool; None: all) is False."""
   weights = data.sample_counts(rows)
-  uniform = hparams.options.get(OPTIONS["averaging"])
+  uniform = hparams.options.get(FLAG_OF["averaging"])
   if uniform is not None:
     weights = jnp.where(uniform > 0, jnp.ones_like(weights), weights)
   return weights if mask is None else jnp.where(mask, weights, 0.0)
@@ -137,7 +138,7 @@ def start_untrained(state, clients, weights, mask, hparams, shares_params=True):
   authors' code, where such a client's personal params are the global model's, which the
   server overwrites with its averages of every parameter. `state` (an NNState) unchanged
   without the flag."""
-  flag = hparams.options.get(OPTIONS["starting_heads"])
+  flag = hparams.options.get(FLAG_OF["starting_heads"])
   if flag is None:
     return state
   trained = jnp.ones(clients.shape, bool) if mask is None else mask

@@ -78,6 +78,7 @@ def communication(algorithm, data, hparams) -> dict:
   share of rounds that exchange them (rounded to whole bytes).
   """
   algorithm = _unsharded(algorithm)
+  run_hparams = hparams
   data, hparams = one_run(data, hparams)
   key = jax.eval_shape(lambda: jax.random.key(0))
   state = jax.eval_shape(algorithm.init, key, data, hparams)
@@ -91,11 +92,11 @@ def communication(algorithm, data, hparams) -> dict:
   if missing:
     raise ValueError(f"{algorithm.name}: server_sent names {missing}, not keys of its server "
                      f"state {sorted(state.server)}")
-  up, down, share = algorithm.exchanged(state.shared, personal)
+  up, down, share = algorithm.exchanged(state.shared, personal, run_hparams)
   received = {k: state.server[k] for k in algorithm.server_sent}
-  return {"upload_bytes": tree_bytes(sent) + round(share * tree_bytes(up)),
+  return {"upload_bytes": tree_bytes(sent) + round(float(share) * tree_bytes(up)),
           "download_bytes": (tree_bytes(state.shared) + tree_bytes(received)
-                             + round(share * tree_bytes(down)))}
+                             + round(float(share) * tree_bytes(down)))}
 
 
 def round_flops(algorithm, data, hparams) -> float:

@@ -8,11 +8,11 @@ start. Client j trains for `local_epochs` of SGD (momentum `hparams.momentum`, n
 decay) on CE + lambda (||W||_F^2 + tr(W Omega W^T)), column j of W its live w_j. With
 Omega = a I_m + b 1 1^T that is lambda ((1 + a) ||w_j||^2 + b ||s||^2) up to a constant,
 s = S - w_j(start) + w_j, S the sum of the round-start models (`cohort_sum`, a psum when
-sharded). `mtl_omega`: "ones" (the default; a = 0, b = (1 - 1/m)^2), "eye" (a = 1 - 2/m,
-b = 1/m^2) or "centering" (a = 1, b = -1/m); lambda: the traced option "mtl_lambda",
-absent 10^-(floor(log10 p) + 2). The embedding is personal and trained, not in W. Clients
-are tested with their own model; the reported loss is the cross-entropy. Departures from
-the authors' code: docs/papers/fedrep.md.
+sharded). The traced choice `mtl_omega`: "ones" (default; a = 0, b = (1 - 1/m)^2), "eye"
+(a = 1 - 2/m, b = 1/m^2) or "centering" (a = 1, b = -1/m); lambda: the traced option
+"mtl_lambda", absent 10^-(floor(log10 p) + 2). The embedding is personal and trained, not
+in W. Clients are tested with their own model; the reported loss is the cross-entropy.
+Departures from the authors' code: docs/papers/fedrep.md.
 """
 
 import dataclasses
@@ -50,6 +50,13 @@ def omega_coefficients(omega: str, m):
   return 1.0, -1 / m
 
 
+def chosen_coefficients(index, m) -> jax.Array:
+  """(a, b) [2] of `omega_coefficients` for the `mtl_omega` OMEGAS[index] (index: a number
+  or float [], traced or not) and cohort size m []."""
+  table = jnp.stack([jnp.stack(omega_coefficients(omega, m)) for omega in OMEGAS])
+  return table[jnp.asarray(index, jnp.int32)]
+
+
 def default_lambda(p: int) -> float:
   """The authors' scale of the regulariser for p parameters in W: 10^-(floor(log10 p) + 2)."""
   return 10.0**-(len(str(p)) + 1)
@@ -57,15 +64,12 @@ def default_lambda(p: int) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class FedMTL(Personalized):
-  mtl_omega: str = "ones"
   name: str = "fed-mtl"
-
-  def __post_init__(self):
-    if self.mtl_omega not in OMEGAS:
-      raise ValueError(f"mtl_omega must be one of {OMEGAS}, got {self.mtl_omega!r}")
-
   options = (Option("mtl_lambda", None, help="Fed-MTL's regulariser weight (default: the "
-                                               "authors' scale 10^-f of the model's size)"),)
+                                               "authors' scale 10^-f of the model's size)"),
+             Option("mtl_omega", OMEGAS[0], choices=OMEGAS,
+                    help="Fed-MTL's Omega: ones (what the authors' code ran), eye "
+                         "(identity-based), centering (MOCHA's I - 11^T/m)"))
 
   def labels(self, flat):
     return params_lib.all_personal(flat)
@@ -88,7 +92,7 @@ class FedMTL(Personalized):
         info, mask)
     return trained.replace(shared=state.shared), sent, weights, losses
 
-  def exchanged(self, shared, personal):
+  def exchanged(self, shared, personal, hparams):
     """The client's round-start model (its params in W) up; the sum S of the cohort's and
     their number m down (what `train_clients` hands `client_update` in `shared`)."""
     model = regularised(personal)
@@ -99,7 +103,7 @@ class FedMTL(Personalized):
   def regulariser(self, w: dict, others: dict, m, hparams):
     """lambda (||W||_F^2 + tr(W Omega W^T)) as a function of one column w of W [p, m] (flat
     params, those in W), up to a constant: `others` the sum of the other m - 1 columns."""
-    a, b = omega_coefficients(self.mtl_omega, m)
+    a, b = chosen_coefficients(self.option(hparams, "mtl_omega"), m)
     lam = hparams.options.get("mtl_lambda", default_lambda(sum(v.size for v in w.values())))
     return lam * ((1 + a) * otu.tree_norm(w, squared=True)
                   + b * otu.tree_norm(otu.tree_add(others, w), squared=True))

@@ -10,6 +10,7 @@ program serves FedAvg and FedAvg-FT (`program.program`).
 
 import dataclasses
 
+from fedjax_rep.nn.hparams import FT_EPOCHS
 from fedjax_rep.nn.partial import PartialSharing
 
 
@@ -19,3 +20,4 @@ class FedAvg(PartialSharing):
   sharing: str = "all"
   ft_epochs: int = 0
   name: str = "fedavg"
+  traced_epochs = FT_EPOCHS

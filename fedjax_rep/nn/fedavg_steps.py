@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import train
-from fedjax_rep.nn.fedavg import FedAvg
+from fedjax_rep.nn.algorithm import Personalized
 from fedjax_rep.nn.hparams import NNHparams
 
 
@@ -57,11 +57,12 @@ def sgd_steps(loss_fn: Callable, params, x: jax.Array, y: jax.Array, count: jax.
 
 
 @dataclasses.dataclass(frozen=True)
-class FedAvgSteps(FedAvg):
-  """`FedAvg` (one global model; with ft_epochs > 0 each client fine-tunes the head before
+class FedAvgSteps(Personalized):
+  """FedAvg (one global model; with ft_epochs > 0 each client fine-tunes the head before
   it is tested) whose clients take `local_steps` SGD steps a round (`sgd_steps`) instead
   of `local_epochs` epochs. local_steps = 1 is D-SGD."""
   local_steps: int = 1
+  ft_epochs: int = 0
   name: str = "fedavg-steps"
 
   def __post_init__(self):
@@ -69,8 +70,15 @@ class FedAvgSteps(FedAvg):
         or self.local_steps < 1:
       raise ValueError(f"local_steps must be an integer >= 1, got {self.local_steps!r}")
 
+  def labels(self, flat):
+    return params_lib.all_shared(flat)
+
   def client_update(self, shared, personal, x, y, count, key, hparams, info):
     flat = params_lib.merge(shared, personal)
     trained, loss = sgd_steps(self.loss, flat, x, y, count, key, hparams,
                               steps=self.local_steps, batch_size=self.batch_size)
     return (*params_lib.split(trained, self.labels(trained)), loss)
+
+  def eval_params(self, shared, personal, x, y, count, key, hparams):
+    return self.fine_tuned(params_lib.merge(shared, personal), x, y, count, key, hparams,
+                           self.ft_epochs)

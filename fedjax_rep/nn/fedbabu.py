@@ -6,8 +6,8 @@ A sampled client trains its body for `local_epochs` with the head frozen and sen
 server averages the bodies weighted by sample counts. The head keeps its initial bits (the
 model's own random initialisation, the same for all clients) for the whole run. At every
 evaluation each client fine-tunes the server's model for `ft_epochs` on its own training
-data (`train.sgd_epochs` from a fresh optimiser state): body and head together
-(`babu_ft_body`, default True) or the head alone. New clients (`new_clients`) fine-tune
+data (`train.sgd_epochs` from a fresh optimiser state): body and head together (the traced
+flag `babu_ft_body`, default 1) or the head alone. New clients (`new_clients`) fine-tune
 the global model the same way, its frozen head included. Departures from PFLlib's
 clientbabu.py: docs/papers/fedrep.md.
 """
@@ -17,19 +17,24 @@ import dataclasses
 import jax
 
 from fedjax_rep.nn import params as params_lib
-from fedjax_rep.nn.fedavg import FedAvg
+from fedjax_rep.nn.algorithm import Personalized
+from fedjax_rep.nn.hparams import Option
 
 
 @dataclasses.dataclass(frozen=True)
-class FedBABU(FedAvg):
-  babu_ft_body: bool = True
+class FedBABU(Personalized):
+  """One global model, its head frozen in training; ft_epochs: the fine-tuning epochs."""
+  options = (Option("babu_ft_body", 1.0, flag=True,
+                    help="FedBABU's fine-tuning before testing: 1 body and head, 0 the head "
+                         "alone"),)
+  ft_epochs: int = 0
   name: str = "fedbabu"
+
+  def labels(self, flat):
+    return params_lib.all_shared(flat)
 
   def check(self, data, hparams):
     super().check(data, hparams)
-    if not isinstance(self.babu_ft_body, bool):
-      raise ValueError(f"babu_ft_body={self.babu_ft_body!r} must be a bool: True fine-tunes "
-                       f"body and head before testing, False the head only")
     if isinstance(self.ft_epochs, bool) or not isinstance(self.ft_epochs, int) or (
         self.ft_epochs < 0):
       raise ValueError(f"ft_epochs={self.ft_epochs!r} must be an integer >= 0: the epochs of "
@@ -51,9 +56,17 @@ class FedBABU(FedAvg):
     return {**shared, **body}, server
 
   def eval_params(self, shared, personal, x, y, count, key, hparams):
-    if not (self.babu_ft_body and self.ft_epochs):
-      return super().eval_params(shared, personal, x, y, count, key, hparams)
-    return self.sgd(self.loss, shared, x, y, count, key, hparams, self.ft_epochs)[0]
+    """The server's model fine-tuned for ft_epochs: body and head, or (babu_ft_body 0) the
+    head alone (a traced flag: both, selected by `jax.lax.cond`)."""
+    flat = params_lib.merge(shared, personal)
+    if not self.ft_epochs:
+      return flat
+    whole = lambda: self.sgd(self.loss, flat, x, y, count, key, hparams, self.ft_epochs)[0]
+    head = lambda: self.fine_tuned(flat, x, y, count, key, hparams, self.ft_epochs)
+    ft_body = self.option(hparams, "babu_ft_body")
+    if isinstance(ft_body, float):
+      return whole() if ft_body else head()
+    return jax.lax.cond(ft_body > 0, whole, head)
 
   def new_clients(self, state, data, hparams, key, epochs: int) -> dict:
     """Accuracy of new clients (`data`: their own train and test sets) that fine-tune the

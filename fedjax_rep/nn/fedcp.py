@@ -16,7 +16,6 @@ the client's evaluation key (MASK_KEY). Departures from PFLlib: docs/papers/flut
 """
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -26,6 +25,7 @@ from flax import linen as nn
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import train
 from fedjax_rep.nn.algorithm import Personalized
+from fedjax_rep.nn.hparams import Option
 
 BODY, HEAD, GLOBAL_HEAD, CPN = "body/", "head/", "global_head/", "cpn/"
 MASK_KEY = "mask_key"  # eval_params' entry: the client's evaluation key (its key data)
@@ -84,15 +84,9 @@ def mmd(x: jax.Array, y: jax.Array, weights: jax.Array) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class FedCP(Personalized):
   """State: shared {'body/...', 'global_head/...', 'cpn/...'}, personal {'head/...'}."""
-  fedcp_lambda: float = 5.0
+  options = (Option("fedcp_lambda", 5.0, help="FedCP's weight of the MMD between the local "
+                                               "and the round's global features (0: off)"),)
   name: str = "fedcp"
-
-  def check(self, data, hparams) -> None:
-    """`Personalized.check`, and 0 <= fedcp_lambda < inf."""
-    super().check(data, hparams)
-    if not 0 <= self.fedcp_lambda < math.inf:
-      raise ValueError(f"fedcp_lambda={self.fedcp_lambda!r} is out of range: it must be a "
-                       f"finite number >= 0 (the MMD term's weight; 0 turns it off)")
 
   def initial_parts(self, flat):
     body, head = params_lib.split(flat, params_lib.head_personal(flat))
@@ -133,7 +127,7 @@ class FedCP(Personalized):
 
     def loss(params, xb, yb, wb, k):
       logits, h = self.ensemble({**params, **global_head}, xb, c, k, train_mode=True)
-      alignment = self.fedcp_lambda * mmd(h, self.features(body, xb), wb)
+      alignment = self.option(hparams, "fedcp_lambda") * mmd(h, self.features(body, xb), wb)
       return train.cross_entropy(logits, yb, wb) + train.gradient_only(alignment)
 
     trained, mean_loss = self.sgd(loss, {**body, **part(shared, CPN), **personal}, x, y,

@@ -10,7 +10,7 @@ The option `feature_sum` sums the feature term over the rows; the field `head_fi
 the head epochs first, one optimiser state throughout. The penalties steer the gradient
 only: the reported loss is the joint epochs' cross-entropy. The server averages the bodies
 by sample counts, then steps `flute_server_lr` on the kernels H_i of the c clients that
-trained, down R = (1/c) sum_i NC_i(H_i) (Alg. 2 line 22). Defaults (the authors'):
+trained, down R = (1/c) sum_i NC_i(H_i) (Alg. 2 line 22). Traced options, defaults the authors':
 l3 = flute_nc = 0.25, l2 = flute_head_norm = 0.0025, l1 = flute_feature_norm = 0.0005,
 flute_server_lr = 0.5. Departures from the authors' code: docs/papers/flute.md.
 """
@@ -26,30 +26,33 @@ from fedjax_rep.nn import conventions
 from fedjax_rep.nn import neural_collapse as nc
 from fedjax_rep.nn import train
 from fedjax_rep.nn.algorithm import Personalized
-from fedjax_rep.nn.hparams import HEAD_EPOCHS, epochs_option
+from fedjax_rep.nn.hparams import HEAD_EPOCHS, Option, epochs_option
 
 KERNEL = "head/kernel"
-FEATURE_SUM = conventions.OPTIONS["feature_penalty"]
+FEATURE_SUM = conventions.FLAG_OF["feature_penalty"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Flute(Personalized):
   options = (conventions.FLAGS["average_untrained"], conventions.FLAGS["feature_sum"],
-             epochs_option(HEAD_EPOCHS))
+             epochs_option(HEAD_EPOCHS),
+             Option("flute_nc", 0.25, help="FLUTE's weight lambda3 of the neural-collapse term"),
+             Option("flute_head_norm", 0.0025, help="FLUTE's weight lambda2 of ||H||_F^2"),
+             Option("flute_feature_norm", 0.0005,
+                    help="FLUTE's weight lambda1 of the features' squared norm"),
+             Option("flute_server_lr", 0.5,
+                    help="FLUTE's server step on the cohort's heads' mean NC term"))
+  traced_epochs = HEAD_EPOCHS
   head_epochs: int = 0
-  flute_nc: float = 0.25
-  flute_head_norm: float = 0.0025
-  flute_feature_norm: float = 0.0005
-  flute_server_lr: float = 0.5
   head_first: bool = False
   name: str = "flute"
 
-  def head_penalty(self, head: dict, classes: jax.Array) -> jax.Array:
+  def head_penalty(self, head: dict, classes: jax.Array, hparams) -> jax.Array:
     """l2 ||H||_F^2 + l3 NC(H) [] of a head ('head/...', H its kernel [F, C]) whose client
-    has the classes [C] (bool)."""
+    has the classes [C] (bool); l2, l3: hparams' flute_head_norm, flute_nc."""
     kernel = head[KERNEL]
-    return self.flute_head_norm * jnp.sum(kernel * kernel) + self.flute_nc * nc.nc_term(
-        kernel, classes)
+    return (self.option(hparams, "flute_head_norm") * jnp.sum(kernel * kernel)
+            + self.option(hparams, "flute_nc") * nc.nc_term(kernel, classes))
 
   def client_update(self, shared, personal, x, y, count, key, hparams, info):
     classes = nc.class_mask(y, count, personal[KERNEL].shape[-1])
@@ -64,13 +67,14 @@ class Flute(Personalized):
       if feature_sum is not None:
         rows = jnp.where(feature_sum > 0, 1.0, rows)
       features = jnp.sum(wb * jnp.sum(h * h, axis=-1)) / rows
-      penalty = self.flute_feature_norm * features + self.head_penalty(head, classes)
+      penalty = (self.option(hparams, "flute_feature_norm") * features
+                 + self.head_penalty(head, classes, hparams))
       return (train.cross_entropy(self.head_logits(head, h, k), yb, wb)
               + train.gradient_only(penalty))
 
     def head_loss(p, hb, yb, wb, k):
       return (train.cross_entropy(self.head_logits(p, hb, k), yb, wb)
-              + train.gradient_only(self.head_penalty(p, classes)))
+              + train.gradient_only(self.head_penalty(p, classes, hparams)))
 
     def head_trained(body, head):
       """(head, its optimiser state) after the head epochs on body's features."""
@@ -99,20 +103,22 @@ class Flute(Personalized):
       head, _ = head_trained(body, head)
     return body, head, loss
 
-  def exchanged(self, shared, personal):
+  def exchanged(self, shared, personal, hparams):
     """The head kernel H_i up and back down: the server's NC step moves the cohort's."""
     head = {KERNEL: personal[KERNEL]}
     return head, head, 1.0
 
-  def nc_step(self, kernels: jax.Array, classes: jax.Array, trained: jax.Array) -> jax.Array:
+  def nc_step(self, kernels: jax.Array, classes: jax.Array, trained: jax.Array,
+              hparams) -> jax.Array:
     """The server's step: head kernels [c, F, C] of clients with classes [c, C] (bool) after
-    one gradient step of size flute_server_lr on R = the mean of `nc_term` over the clients
-    where trained [c] (bool) is True; the others' kernels are returned unchanged."""
+    one gradient step of size flute_server_lr (hparams' option) on R = the mean of
+    `nc_term` over the clients where trained [c] (bool) is True; the others' kernels are
+    returned unchanged."""
     def regulariser(k):
       return aggregate.weighted_mean(jax.vmap(nc.nc_term)(k, classes),
                                      trained.astype(k.dtype))
 
-    stepped = kernels - self.flute_server_lr * jax.grad(regulariser)(kernels)
+    stepped = kernels - self.option(hparams, "flute_server_lr") * jax.grad(regulariser)(kernels)
     return jnp.where(trained[:, None, None], stepped, kernels)
 
   def masked_round(self, state, key, data, hparams, clients, mask=None):
@@ -122,7 +128,7 @@ class Flute(Personalized):
     kernels = state.personal[KERNEL]
     classes = self.class_masks(data, clients, kernels.shape[-1])
     trained = jnp.ones(clients.shape, bool) if mask is None else mask
-    stepped = self.nc_step(kernels[clients], classes, trained)
+    stepped = self.nc_step(kernels[clients], classes, trained, hparams)
     return state.replace(personal={**state.personal,
                                    KERNEL: kernels.at[clients].set(stepped)}), metrics
 

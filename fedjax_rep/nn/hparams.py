@@ -20,28 +20,42 @@ HEAD_EPOCHS = "head_epochs"
 class Option:
   """A traced hyperparameter an algorithm declares (in its class attribute `options`, a
   tuple of these): `name`, the `default` the algorithm uses where hparams leave it out,
-  the valid range [low, high] (`high` inf: finite and >= low; `flag`: 0 or 1 only) and a
-  one-line `help`; default None: the algorithm computes it (the help says how)."""
+  the valid range [low, high] (`open`: (low, high); `high` inf: finite and above low;
+  `flag`: 0 or 1 only; `choices`: one of these names, held traced as its index) and a
+  one-line `help`; default None: the algorithm computes it (the help says how).
+  `set_by_recipe`: a recipe sets it itself (the conventions' flags, the epoch counts of
+  `program.program`), not a --set key."""
   name: str
-  default: float | None
+  default: float | str | None
   low: float = 0.0
   high: float = math.inf
   help: str = ""
   flag: bool = False
+  choices: tuple[str, ...] = ()
+  open: bool = False
+  set_by_recipe: bool = False
 
   def valid(self, value) -> bool:
-    """Whether the number `value` is in range (NaN never is)."""
+    """Whether `value` is in range (NaN never is): a number, or for choices a name or an
+    index."""
     if self.flag:
       return value in (0, 1)
+    if self.choices:
+      return value in self.choices or value in range(len(self.choices))
+    if self.open:
+      return self.low < value < self.high and math.isfinite(value)
     return self.low <= value <= self.high and math.isfinite(value)
 
   def describe(self) -> str:
-    """The valid range in words, e.g. 'finite and >= 0' or 'in [0, 1]'."""
+    """The valid range in words, e.g. 'finite and >= 0', 'in (0, 1)' or 'one of a, b'."""
     if self.flag:
       return "0 or 1"
+    if self.choices:
+      return "one of " + ", ".join(self.choices)
     if self.high == math.inf:
-      return f"finite and >= {self.low:g}"
-    return f"in [{self.low:g}, {self.high:g}]"
+      return f"finite and {'>' if self.open else '>='} {self.low:g}"
+    left, right = "()" if self.open else "[]"
+    return f"in {left}{self.low:g}, {self.high:g}{right}"
 
   def check(self, value) -> None:
     """ValueError (one line, naming the option and its range) unless `value` is valid."""
@@ -49,11 +63,21 @@ class Option:
       raise ValueError(f"{self.name}={value!r} is out of range: {self.name} must be "
                        f"{self.describe()} ({self.help})")
 
+  def number(self, value) -> float:
+    """The number hparams hold for the valid `value`: a choice's index, else the value."""
+    return float(self.choices.index(value) if value in self.choices else value)
+
 
 def epochs_option(name: str) -> "Option":
   """The option of how many of an algorithm's `name` epochs run (at most the field's value;
   absent: all of them), which `partial.program` sets."""
-  return Option(name, None, help=f"how many of the algorithm's {name} run (default: all)")
+  return Option(name, None, help=f"how many of the algorithm's {name} run (default: all)",
+                set_by_recipe=True)
+
+
+# {name: Option} of every option a registered neural algorithm declares (`registry.register`
+# records them): the options `hparams` takes by default.
+KNOWN: dict[str, Option] = {}
 
 
 def declared(algorithm) -> dict[str, Option]:
@@ -89,20 +113,18 @@ def hparams(lr: float = 0.01, momentum: float = 0.5, weight_decay: float = 1e-4,
     momentum: the heavy-ball momentum, in [0, 1) (default 0.5).
     weight_decay: the L2 weight decay (>= 0; default 1e-4).
     known: {name: Option} the options may be (None: every option that a registered neural
-      algorithm declares, `registry.options`).
-    **options: algorithms' options by name (`fedjax-rep list` and docs/neural.md list the
-      built-in ones: mtl_lambda and the conventions' flags feature_sum, average_untrained,
-      no_bias_decay, uniform_average), each in its declared range.
+      algorithm declares, KNOWN).
+    **options: algorithms' options by name (docs/neural.md lists the built-in ones: the
+      baselines' numbers such as prox_mu, mtl_lambda and mtl_omega, and the conventions'
+      flags), each in its declared range; a choice option by its name.
 
   Returns:
-    NNHparams whose numbers are float32 scalars [].
+    NNHparams whose numbers are float32 scalars [] (a choice option's: its index).
 
   Raises:
     ValueError: an unknown option, or a value out of its range.
   """
-  if known is None:
-    from fedjax_rep.nn import registry  # the registry imports the algorithms, which import this
-    known = registry.options()
+  known = KNOWN if known is None else known
   unknown = sorted(set(options) - set(known))
   if unknown:
     raise ValueError(f"unknown hparams options {unknown}; known: {sorted(known)}")
@@ -115,4 +137,5 @@ def hparams(lr: float = 0.01, momentum: float = 0.5, weight_decay: float = 1e-4,
     known[name].check(value)
   return jax.device_put(NNHparams(  # numpy scalars placed: no device program compiles
       lr=np.float32(lr), momentum=np.float32(momentum), weight_decay=np.float32(weight_decay),
-      options={name: np.float32(value) for name, value in options.items()}))
+      options={name: np.float32(known[name].number(value))
+               for name, value in options.items()}))

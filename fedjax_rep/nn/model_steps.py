@@ -1,10 +1,12 @@
-"""The model's pieces (logits, features, head) and local SGD, as methods of an algorithm
-with the fields `model` (a `models.Classifier`) and `batch_size`."""
+"""The model's pieces (logits, features, head), local SGD and the fine-tuning of the head
+before testing, as methods of an algorithm with the fields `model` (a `models.Classifier`)
+and `batch_size`."""
 
 import jax
 
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import train
+from fedjax_rep.nn.hparams import FT_EPOCHS
 
 
 class ModelSteps:
@@ -55,3 +57,13 @@ class ModelSteps:
 
     return params_lib.merge(body, train() if active is None else
                             jax.lax.cond(active > 0, train, lambda: head))
+
+  def fine_tuned(self, flat: dict, x, y, count, key, hparams, epochs: int) -> dict:
+    """The params a client is tested with after fine-tuning: flat with its head trained for
+    `epochs` epochs (`head_trained`; the option FT_EPOCHS of hparams, where present, says
+    how many of them run), flat itself where epochs is 0. x [m, ...], y [m], count real
+    rows: the client's training data."""
+    if not epochs:
+      return flat
+    return self.head_trained(flat, x, y, count, key, hparams, epochs,
+                             hparams.options.get(FT_EPOCHS))

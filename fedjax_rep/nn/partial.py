@@ -103,7 +103,8 @@ class PartialSharing(Personalized):
     return rules[self.sharing](flat)
 
   def member(self, flat: dict) -> Member:
-    """This setting's choices (Python values) for params `flat` (or their shapes)."""
+    """This setting's choices (Python values) for params `flat` (or their shapes): every
+    preset is a member of the traced program (`program.program`)."""
     shared = {p: label == params_lib.SHARED for p, label in self.labels(flat).items()}
     return Member(shared=shared,
                   trained=shared if self.head_phase else {p: True for p in flat},
@@ -165,10 +166,7 @@ class PartialSharing(Personalized):
   def eval_params(self, shared, personal, x, y, count, key, hparams):
     member = self.choices(params_lib.merge(shared, personal), hparams)
     flat = self.model_params(shared, personal, member)
-    if not self.ft_epochs:
-      return flat
-    return self.head_trained(flat, x, y, count, key, hparams, self.ft_epochs,
-                             hparams.options.get(FT_EPOCHS))
+    return self.fine_tuned(flat, x, y, count, key, hparams, self.ft_epochs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """`program`: the program that runs a neural algorithm among the others a recipe runs, so
-that several of them compile once. The presets of `partial.PartialSharing` (FedRep and
-FedRep*, FedPer, LG-FedAvg, FedAvg and FedAvg-FT, local only) share its traced program;
-FedProx and SCAFFOLD share one with their "+ FT" variants, FLUTE with FLUTE*: those
-variants differ from their base only in an epoch count that the class also reads as a
-traced option (`hparams.FT_EPOCHS`, `hparams.HEAD_EPOCHS`).
+that several of them compile once. The algorithms that answer `member` (the presets of
+`partial.PartialSharing`: FedRep and FedRep*, FedPer, LG-FedAvg, FedAvg and FedAvg-FT,
+local only) share its traced program; the variants of a class that reads an epoch count
+also as a traced option (its `traced_epochs`: FedProx and SCAFFOLD with their "+ FT",
+FLUTE with FLUTE*) share one where they differ only in that count.
 """
 
 import dataclasses
@@ -13,24 +13,9 @@ import numpy as np
 
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn.algorithm import Personalized
-from fedjax_rep.nn.fedavg import FedAvg
-from fedjax_rep.nn.fedper import FedPer
-from fedjax_rep.nn.fedprox import FedProx
-from fedjax_rep.nn.fedrep import FedRep
-from fedjax_rep.nn.flute import Flute
-from fedjax_rep.nn.hparams import FT_EPOCHS, HEAD_EPOCHS, NNHparams
-from fedjax_rep.nn.lg_fedavg import LGFedAvg
-from fedjax_rep.nn.local import Local
+from fedjax_rep.nn.hparams import FT_EPOCHS, NNHparams
 from fedjax_rep.nn.partial import Member, MemberHparams, SharedProgram
-from fedjax_rep.nn.scaffold import Scaffold
 
-# The presets that share the traced `PartialSharing`: exactly these classes, not
-# subclasses (FedProx, SCAFFOLD, FedBABU and FedAvgSteps change the local training).
-MEMBERS = (FedRep, FedPer, LGFedAvg, FedAvg, Local)
-# The classes that read one epoch count (a field) also as a traced option of that name
-# (`hparams.FT_EPOCHS`, `hparams.HEAD_EPOCHS`): how many of those epochs run.
-TRACED_EPOCHS = {FedAvg: FT_EPOCHS, FedProx: FT_EPOCHS, Scaffold: FT_EPOCHS,
-                 Flute: HEAD_EPOCHS}
 # The structure every member of one program has in common (the fields of `Personalized`).
 COMMON = ("model", "cohort", "batch_size", "client_group", "cohort_groups", "devices",
           "eval_clients")
@@ -38,8 +23,9 @@ COMMON = ("model", "cohort", "batch_size", "client_group", "cohort_groups", "dev
 
 def member(algorithm: Personalized, flat: dict) -> Member | None:
   """The traced `Member` of `algorithm` for a model whose params (or their shapes) are
-  `flat` (path -> leaf); None for an algorithm that is not a preset (MEMBERS)."""
-  return algorithm.member(flat).placed() if type(algorithm) in MEMBERS else None
+  `flat` (path -> leaf); None for an algorithm that is not a member (`member`)."""
+  own = algorithm.member(flat)
+  return None if own is None else own.placed()
 
 
 def with_epochs(hparams: NNHparams, option: str, epochs: int) -> NNHparams:
@@ -52,9 +38,9 @@ def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tupl
   algorithms of `peers` (those a recipe runs) where they can share it:
 
   - the traced `SharedProgram` and the member's `MemberHparams`, where `algorithm` and
-    another of peers are presets (MEMBERS) with the same COMMON structure;
+    another of peers are members (`Personalized.member`) with the same COMMON structure;
   - else, where `algorithm`'s class reads an epoch count as a traced option
-    (TRACED_EPOCHS) and a peer of its class differs from it only in that count (and its
+    (`traced_epochs`) and a peer of its class differs from it only in that count (and its
     name): `algorithm` with the most of them of these peers (named after all of them),
     and that option set to its own count;
   - else `algorithm` and `hparams` unchanged.
@@ -66,7 +52,7 @@ def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tupl
   own = member(algorithm, flat)
   common = lambda a: tuple(getattr(a, f) for f in COMMON)
   group = [a for a in (algorithm, *peers)
-           if type(a) in MEMBERS and common(a) == common(algorithm)]
+           if a.overrides("member") and common(a) == common(algorithm)]
   if own is not None and len({(type(a), a.name) for a in group}) > 1:
     shared_program = SharedProgram(
         **dict(zip(COMMON, common(algorithm))),
@@ -76,7 +62,7 @@ def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tupl
     fields = {f.name: getattr(hparams, f.name) for f in dataclasses.fields(NNHparams)}
     return shared_program, with_epochs(MemberHparams(**fields, member=own), FT_EPOCHS,
                                        algorithm.ft_epochs)
-  field = TRACED_EPOCHS.get(type(algorithm))
+  field = algorithm.traced_epochs
   bare = lambda a: dataclasses.replace(a, **{field: 0}, name="")
   variants = [a for a in (algorithm, *peers) if field is not None
               and type(a) is type(algorithm) and bare(a) == bare(algorithm)]

@@ -22,7 +22,7 @@ from fedjax_rep.nn.local import Local
 from fedjax_rep.nn.per_fedavg import PerFedAvg
 from fedjax_rep.nn.scaffold import Scaffold
 
-FT_EPOCHS = 10  # FedRep's "+FT": each client fine-tunes the head for 10 epochs
+DEFAULT_FT_EPOCHS = 10  # FedRep's "+FT": each client fine-tunes the head for 10 epochs
 STAR_HEAD_EPOCHS = 10  # FLUTE's FedRep* and FLUTE*: 10 head epochs per round (Sec. 7.2)
 
 
@@ -68,6 +68,7 @@ def register(name: str, summary: str, cls, **fixed) -> registry.Entry:
                      f"{previous.__module__}.{previous.__qualname__}); register "
                      f"{cls.__qualname__} under another name")
   CLASSES[name] = cls
+  hparams_lib.KNOWN.update(hparams_lib.declared(cls))
   return registry.register("neural", name, summary, _maker(cls, **fixed),
                            options=tuple(hparams_lib.declared(cls).values()))
 
@@ -79,8 +80,9 @@ def _same_user_class(previous: type, cls: type) -> bool:
 
 
 def options() -> dict[str, hparams_lib.Option]:
-  """{name: Option} of every option a registered neural algorithm declares."""
-  return {o.name: o for entry in registry.ALGORITHMS["neural"].values() for o in entry.options}
+  """{name: Option} of every option a registered neural algorithm declares
+  (`hparams.KNOWN`)."""
+  return dict(hparams_lib.KNOWN)
 
 
 for _name, _summary, _cls, _fixed in [
@@ -97,13 +99,13 @@ for _name, _summary, _cls, _fixed in [
     ("local", "local only: every client trains its own model, no communication",
      Local, dict(head_epochs=0, ft_epochs=0)),
     ("fedprox", "FedProx: FedAvg with a proximal term (prox_mu/2)||w - w_global||^2",
-     FedProx, dict(head_epochs=0, ft_epochs=0)),
+     FedProx, dict(ft_epochs=0)),
     ("fedprox-ft", "FedProx + FT: FedProx, then each client fine-tunes the head before it is "
-     "tested", FedProx, dict(head_epochs=0)),
+     "tested", FedProx, {}),
     ("scaffold", "SCAFFOLD: FedAvg with server and client control variates correcting "
-     "client drift", Scaffold, dict(head_epochs=0, ft_epochs=0)),
+     "client drift", Scaffold, dict(ft_epochs=0)),
     ("scaffold-ft", "SCAFFOLD + FT: SCAFFOLD, then each client fine-tunes the head before it "
-     "is tested", Scaffold, dict(head_epochs=0)),
+     "is tested", Scaffold, {}),
     ("ditto", "Ditto: FedAvg global model plus personal models pulled to it by "
      "(ditto_lambda/2)||v - w||^2", Ditto, {}),
     ("apfl", "APFL: personal model apfl_alpha*v + (1-apfl_alpha)*w of a local and the "
@@ -113,13 +115,13 @@ for _name, _summary, _cls, _fixed in [
     ("l2gd", "L2GD: loopless local GD on personal models; averaging rounds with "
      "probability l2gd_p, penalty l2gd_lambda", L2GD, {}),
     ("fedavg-steps", "FedAvg with local_steps minibatch SGD steps per round (not epochs): "
-     "one global model", FedAvgSteps, dict(head_epochs=0, ft_epochs=0)),
+     "one global model", FedAvgSteps, dict(ft_epochs=0)),
     ("d-sgd", "D-SGD (mini-batch SGD): FedAvg with one local step per round",
-     FedAvgSteps, dict(head_epochs=0, ft_epochs=0, local_steps=1)),
+     FedAvgSteps, dict(ft_epochs=0, local_steps=1)),
     ("fedrod", "FedRoD: a generic model trained on the balanced softmax and averaged, plus a "
      "personal head added to its logits", FedRoD, {}),
     ("fedbabu", "FedBABU: FedAvg on the body under a frozen random head; each client "
-     "fine-tunes the model (ft_epochs) before it is tested", FedBABU, dict(head_epochs=0)),
+     "fine-tunes the model (ft_epochs) before it is tested", FedBABU, {}),
     ("fedrep-star", "FedRep* (FLUTE Sec. 7.2): FedRep with 10 head epochs per round",
      FedRep, dict(head_epochs=STAR_HEAD_EPOCHS, ft_epochs=0)),
     ("flute", "FLUTE (Alg. 2, Eq. 10): body and head trained together on CE + feature, head "
@@ -135,24 +137,18 @@ for _name, _summary, _cls, _fixed in [
   register(_name, _summary, _cls, **_fixed)
 
 ALGORITHMS = registry.ALGORITHMS["neural"]
-# The baselines' hyperparameters, with their defaults (fields of the algorithms' classes).
-OPTIONS = {f.name: f.default
-           for cls in (FedProx, Ditto, APFL, PerFedAvg, L2GD, Flute, FedMTL, FedBABU, FedCP)
-           for f in dataclasses.fields(cls) if f.name in (
-               "prox_mu", "ditto_lambda", "apfl_alpha", "maml_inner_lr", "l2gd_p",
-               "l2gd_lambda", "flute_nc", "flute_head_norm", "flute_feature_norm",
-               "flute_server_lr", "mtl_omega", "babu_ft_body", "fedcp_lambda")}
 
 
 def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
                    head_epochs: int = 10, batch_size: int = 10, client_group: int | None = 10,
-                   ft_epochs: int = FT_EPOCHS, local_steps: int = 1,
+                   ft_epochs: int = DEFAULT_FT_EPOCHS, local_steps: int = 1,
                    cohort_groups: int | None = None, devices: int | None = None,
-                   head_first: bool = False, eval_clients: str = "all", **options):
+                   head_first: bool = False, eval_clients: str = "all"):
   """The neural algorithm registered as `name`, with its structure (static fields).
 
   The structure's fields are those of `algorithm.Personalized`; each algorithm takes the ones
-  it has.
+  it has. Its numbers (the baselines' prox_mu, ditto_lambda, ...) are traced options, in
+  the hparams (`hparams.hparams`).
 
   Args:
     name: a key of ALGORITHMS.
@@ -170,23 +166,15 @@ def make_algorithm(name: str, *, model, cohort: int, local_epochs: int = 1,
       authors' code; `conventions`' flute_star_order).
     eval_clients: whom evaluate tests: "all" clients (FedRep's code) or the last round's
       "cohort".
-    **options: the baselines' options; each algorithm takes those it has: prox_mu,
-      ditto_lambda, apfl_alpha, maml_inner_lr, l2gd_p, l2gd_lambda, flute_nc,
-      flute_head_norm, flute_feature_norm, flute_server_lr, mtl_omega, babu_ft_body,
-      fedcp_lambda.
 
   Returns:
     The algorithm (a frozen dataclass, a `Personalized`).
 
   Raises:
-    ValueError: an unknown name or option.
+    ValueError: an unknown name.
   """
-  known = set(OPTIONS)
-  if set(options) - known:
-    raise ValueError(f"unknown options {sorted(set(options) - known)}; known: {sorted(known)}")
   return registry.make(name, "neural", model=model, cohort=cohort, local_epochs=local_epochs,
                        head_epochs=head_epochs, batch_size=batch_size,
                        client_group=client_group, ft_epochs=ft_epochs,
                        local_steps=local_steps, cohort_groups=cohort_groups,
-                       devices=devices, head_first=head_first, eval_clients=eval_clients,
-                       **options)
+                       devices=devices, head_first=head_first, eval_clients=eval_clients)

@@ -18,21 +18,30 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import train
-from fedjax_rep.nn.fedavg import FedAvg
+from fedjax_rep.nn.algorithm import Personalized
+from fedjax_rep.nn.hparams import FT_EPOCHS, epochs_option
 
 CONTROL = "control/"
 
 
 @dataclasses.dataclass(frozen=True)
-class Scaffold(FedAvg):
+class Scaffold(Personalized):
+  """One global model (every param shared); ft_epochs > 0: SCAFFOLD + FT."""
+  options = (epochs_option(FT_EPOCHS),)
+  traced_epochs = FT_EPOCHS
+  ft_epochs: int = 0
   name: str = "scaffold"
   server_sent = ("control",)  # c goes down with w; clients send w_i and c_i+ - c_i up
+
+  def labels(self, flat):
+    return params_lib.all_shared(flat)
 
   def initial_parts(self, flat):
     return flat, {CONTROL + p: jnp.zeros_like(v) for p, v in flat.items()}
 
-  def initial_server(self, shared):
+  def initial_server(self, shared, personal):
     return {"control": jax.tree.map(jnp.zeros_like, shared)}
 
   def client_update(self, shared, personal, x, y, count, key, hparams, info):
@@ -58,7 +67,7 @@ class Scaffold(FedAvg):
     return shared, {"control": {p: c[p] + sums[CONTROL + p] / info.num_clients for p in c}}
 
   def eval_params(self, shared, personal, x, y, count, key, hparams):
-    return super().eval_params(shared, {}, x, y, count, key, hparams)
+    return self.fine_tuned(shared, x, y, count, key, hparams, self.ft_epochs)
 
   def new_clients(self, state, data, hparams, key, epochs: int) -> dict:
     return super().new_clients(state.replace(personal={}), data, hparams, key, epochs)

@@ -36,11 +36,10 @@ def cohort_groups(algorithm) -> int | None:
   return algorithm.cohort_groups if algorithm.cohort_groups is not None else algorithm.devices
 
 
-def refusal(algorithm) -> str | None:
-  """Why `algorithm`'s round cannot shard (None: it can): a `masked_round` that adds steps
-  over the whole cohort."""
-  from fedjax_rep.nn.algorithm import Personalized  # the base imports this module
-  if type(algorithm).masked_round is not Personalized.masked_round:
+def refusal(cls: type) -> str | None:
+  """Why the rounds of algorithm class `cls` (a `Personalized` subclass) cannot shard
+  (None: they can): a `masked_round` that adds steps over the whole cohort."""
+  if cls.overrides("masked_round"):
     return "its masked_round adds steps over the whole cohort"
   return None
 
@@ -57,9 +56,9 @@ def check(algorithm, num_clients: int) -> None:
   groups, devices = cohort_groups(algorithm), algorithm.devices
   if devices is not None:
     mesh = sharding.client_mesh(devices)
-    if refusal(algorithm) is not None:
+    if refusal(type(algorithm)) is not None:
       raise ValueError(f"{algorithm.name} cannot run sharded (devices={devices}): "
-                       f"{refusal(algorithm)}; use devices=None")
+                       f"{refusal(type(algorithm))}; use devices=None")
     if groups % devices:
       raise ValueError(f"cohort_groups={groups} must be a multiple of devices={devices} "
                        f"(every device holds the same number of groups)")

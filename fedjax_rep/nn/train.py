@@ -27,7 +27,7 @@ def optimizer(hparams: NNHparams) -> optax.GradientTransformation:
   Built from traced numbers inside the round, so it never becomes a static argument. With
   the option `no_bias_decay` (`conventions`; absent: every parameter decays), biases decay
   by weight_decay (1 - no_bias_decay): none where it is 1, as the authors' codes do."""
-  no_bias_decay = hparams.options.get(conventions.OPTIONS["bias_decay"])
+  no_bias_decay = hparams.options.get(conventions.FLAG_OF["bias_decay"])
   if no_bias_decay is None:
     decay = optax.add_decayed_weights(hparams.weight_decay)
   else:

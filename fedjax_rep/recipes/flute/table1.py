@@ -18,7 +18,6 @@ import dataclasses
 
 from fedjax_rep.data import digits, tfds_data
 from fedjax_rep.nn import models
-from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import table
@@ -64,19 +63,6 @@ class Config(table.ShardConfig):
   algorithms: tuple = neural.algorithms(ALGORITHMS)
   head_epochs: int = cfg.positive_int("FedRep's head epochs per round (FedRep* and FLUTE*: "
                                       "10); also FedAvg-FT's fine-tuning epochs", 1)
-  flute_nc: float = cfg.nonnegative_float("FLUTE's weight lambda3 of the neural-collapse term",
-                                          nn_registry.OPTIONS["flute_nc"])
-  flute_head_norm: float = cfg.nonnegative_float("FLUTE's weight lambda2 of ||H||_F^2",
-                                                 nn_registry.OPTIONS["flute_head_norm"])
-  flute_feature_norm: float = cfg.nonnegative_float(
-      "FLUTE's weight lambda1 of the features' squared norm",
-      nn_registry.OPTIONS["flute_feature_norm"])
-  flute_server_lr: float = cfg.nonnegative_float(
-      "FLUTE's server step on the cohort's heads' mean NC term",
-      nn_registry.OPTIONS["flute_server_lr"])
-  fedcp_lambda: float = cfg.nonnegative_float(
-      "FedCP's weight of the MMD between the local and the round's global features",
-      nn_registry.OPTIONS["fedcp_lambda"])
 
   def check(self):
     table.check_paired(self, "num_clients", "classes_per_client")
