@@ -428,11 +428,11 @@ class Config:
   it has more to say.
 
   Class attributes (not fields): UNSHARDED, the algorithm (and why) where the recipe runs
-  none that shards; SHARDED_ALGORITHMS, the names of its `algorithms` that shard where they
-  are not the neural registry's; `algorithms` and `options` (empty here) and
-  `validation_fraction` (None: no validation split for --select), fields of the
-  configurations that compare algorithms, take their traced options as keys or hold out
-  validation data.
+  none that shards; SHARDED_ALGORITHMS, the names of its `algorithms` that shard
+  (`shard_refusal`; a neural configuration asks the algorithms); `algorithms` and
+  `options` (empty here) and `validation_fraction` (None: no validation split for
+  --select), fields of the configurations that compare algorithms, take their traced
+  options as keys or hold out validation data.
   """
   UNSHARDED = None
   SHARDED_ALGORITHMS = None
@@ -456,6 +456,15 @@ class Config:
     """{name: `nn.hparams.Option`} of the traced options this configuration takes as keys
     besides its fields (none here)."""
     return {}
+
+  def shard_refusal(self, name: str) -> str | None:
+    """None when this recipe's algorithm `name` can run sharded, else why not (here: unless
+    it is one of SHARDED_ALGORITHMS)."""
+    names = self.SHARDED_ALGORITHMS or ()
+    if name in names:
+      return None
+    return f"of this recipe's algorithms only {', '.join(names)} shard" if names else (
+        "this recipe's algorithms do not shard")
 
   def seed_values(self, seeds: int) -> list[int]:
     """The seeds of a run of `seeds` seeds: `seed`, `seed` + 1, ..."""

@@ -21,6 +21,7 @@ from fedjax_rep.nn import models
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import program as program_lib
 from fedjax_rep.nn import registry as nn_registry
+from fedjax_rep.nn import sharded as nn_sharded
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import placement
 from fedjax_rep.experiments import shared
@@ -186,13 +187,18 @@ class Training(cfg.Config):
 
   def declared_options(self) -> dict[str, hparams_lib.Option]:
     """{name: Option} of the traced options that the algorithms in `algorithms` declare
-    (a recipe without that field: none), less those a recipe sets itself (`set_by_recipe`:
+    less those a recipe sets itself (`set_by_recipe`:
     the conventions' flags, the epoch counts of `nn.program`); --set and --grid take them
     as keys."""
-    entries = [nn_registry.ALGORITHMS[name] for name in getattr(self, "algorithms", ())
+    entries = [nn_registry.ALGORITHMS[name] for name in self.algorithms
                if name in nn_registry.ALGORITHMS]
     return {o.name: o for entry in entries for o in entry.options
             if not o.set_by_recipe}
+
+  def shard_refusal(self, name: str) -> str | None:
+    """None when the neural algorithm `name` can run sharded, else why not
+    (`nn.sharded.refusal`)."""
+    return nn_sharded.refusal(nn_registry.CLASSES[name])
 
 
 def resolved_conventions(config) -> conventions_lib.Conventions:
@@ -207,7 +213,7 @@ def options_text(config) -> str:
   """A figure title's words for the traced options config sets, e.g. ", server_beta=0.9"
   (empty where it sets none)."""
   return "".join(f", {name}={value if isinstance(value, str) else format(value, 'g')}"
-                 for name, value in getattr(config, "options", ()))
+                 for name, value in config.options)
 
 
 def conventions_text(config) -> str:
@@ -228,7 +234,7 @@ def hparams(config) -> hparams_lib.NNHparams:
   traced options that config sets in its `options` (--set NAME=VALUE; the conventions'
   flags, which depend on the algorithm, are `shared_program`'s)."""
   return hparams_lib.hparams(config.lr, config.momentum, config.weight_decay,
-                             **dict(getattr(config, "options", ())))
+                             **dict(config.options))
 
 
 def validated(data, config, seed: int):

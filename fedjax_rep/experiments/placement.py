@@ -43,8 +43,8 @@ def sharded(config) -> bool:
 def check(config) -> None:
   """ConfigError unless `config`'s placement can run: devices at most those JAX sees,
   cohort_groups a multiple of devices, and, when sharded, every algorithm of
-  config.algorithms able to shard (`can_shard`), and none at all where the configuration's
-  class sets UNSHARDED."""
+  config.algorithms able to shard (`Config.shard_refusal`), and none at all where the
+  configuration's class sets UNSHARDED."""
   if not sharded(config):
     return
   devices = device_count(config)
@@ -61,7 +61,7 @@ def check(config) -> None:
     raise cfg.ConfigError(f"{type(config).UNSHARDED}: one device only, cannot run sharded "
                           f"({asked}); use devices=1 and cohort_groups=auto")
   for name in config.algorithms:
-    reason = can_shard(name, type(config).SHARDED_ALGORITHMS)
+    reason = config.shard_refusal(name)
     if reason is not None:
       raise cfg.ConfigError(f"algorithm {name} cannot run sharded ({asked}): {reason}; drop "
                             f"it from algorithms or use devices=1 and cohort_groups=auto")
@@ -85,18 +85,6 @@ def check_counts(config, devices: int) -> None:
             f"clients over devices={devices} and the {groups} cohort groups, the cohort over "
             f"the groups; choose num_clients and cohort_groups so (e.g. num_clients a "
             f"multiple of {groups * devices // math.gcd(groups, devices)})")
-
-
-def can_shard(name: str, sharded_names: tuple | None = None) -> str | None:
-  """None when the algorithm `name` shards, else why not: one of `sharded_names` (a linear
-  recipe's), or, where that is None, an algorithm of the neural registry whose round
-  shards (`nn.sharded.refusal`)."""
-  if sharded_names is not None:
-    return None if name in sharded_names else (
-        f"of this recipe's algorithms only {', '.join(sharded_names)} shard")
-  from fedjax_rep.nn import registry as nn_registry  # not at the top: linear recipes
-  from fedjax_rep.nn import sharded  # import this module without flax (test_imports)
-  return sharded.refusal(nn_registry.CLASSES[name])
 
 
 def keywords(config) -> dict:

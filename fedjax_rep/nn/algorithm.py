@@ -144,7 +144,7 @@ class Personalized(ModelSteps):
       return hparams.options.get(name)
     return option.number(option.default)
 
-  def member(self, flat: dict):
+  def program_member(self, flat: dict):
     """The choices (`partial.Member`, Python values) with which this algorithm runs as a
     member of the traced program of `partial.PartialSharing` for params `flat` (or their
     shapes); None (the default): not a member."""

@@ -102,9 +102,17 @@ class PartialSharing(Personalized):
       raise ValueError(f"sharing={self.sharing!r} must be one of {SHARING}")
     return rules[self.sharing](flat)
 
+  def program_member(self, flat: dict) -> Member | None:
+    """This setting's choices (`member`) where its class runs `PartialSharing`'s own code (a
+    preset: its classes below `PartialSharing` define no method), so the traced program
+    (`program.program`) can run it; None for a subclass that changes a method."""
+    below = type(self).__mro__[:type(self).__mro__.index(PartialSharing)]
+    changed = any(callable(value) for cls in below for name, value in vars(cls).items()
+                  if not name.startswith("__"))
+    return None if changed else self.member(flat)
+
   def member(self, flat: dict) -> Member:
-    """This setting's choices (Python values) for params `flat` (or their shapes): every
-    preset is a member of the traced program (`program.program`)."""
+    """This setting's choices (Python values) for params `flat` (or their shapes)."""
     shared = {p: label == params_lib.SHARED for p, label in self.labels(flat).items()}
     return Member(shared=shared,
                   trained=shared if self.head_phase else {p: True for p in flat},

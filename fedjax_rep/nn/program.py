@@ -1,5 +1,5 @@
 """`program`: the program that runs a neural algorithm among the others a recipe runs, so
-that several of them compile once. The algorithms that answer `member` (the presets of
+that several of them compile once. The algorithms that answer `program_member` (the presets of
 `partial.PartialSharing`: FedRep and FedRep*, FedPer, LG-FedAvg, FedAvg and FedAvg-FT,
 local only) share its traced program; the variants of a class that reads an epoch count
 also as a traced option (its `traced_epochs`: FedProx and SCAFFOLD with their "+ FT",
@@ -23,8 +23,8 @@ COMMON = ("model", "cohort", "batch_size", "client_group", "cohort_groups", "dev
 
 def member(algorithm: Personalized, flat: dict) -> Member | None:
   """The traced `Member` of `algorithm` for a model whose params (or their shapes) are
-  `flat` (path -> leaf); None for an algorithm that is not a member (`member`)."""
-  own = algorithm.member(flat)
+  `flat` (path -> leaf); None for an algorithm that is not a member (`program_member`)."""
+  own = algorithm.program_member(flat)
   return None if own is None else own.placed()
 
 
@@ -38,7 +38,8 @@ def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tupl
   algorithms of `peers` (those a recipe runs) where they can share it:
 
   - the traced `SharedProgram` and the member's `MemberHparams`, where `algorithm` and
-    another of peers are members (`Personalized.member`) with the same COMMON structure;
+    another of peers are members (`Personalized.program_member`) with the same COMMON
+    structure;
   - else, where `algorithm`'s class reads an epoch count as a traced option
     (`traced_epochs`) and a peer of its class differs from it only in that count (and its
     name): `algorithm` with the most of them of these peers (named after all of them),
@@ -52,7 +53,7 @@ def program(algorithm: Personalized, hparams: NNHparams, peers, example) -> tupl
   own = member(algorithm, flat)
   common = lambda a: tuple(getattr(a, f) for f in COMMON)
   group = [a for a in (algorithm, *peers)
-           if a.overrides("member") and common(a) == common(algorithm)]
+           if a.program_member(flat) is not None and common(a) == common(algorithm)]
   if own is not None and len({(type(a), a.name) for a in group}) > 1:
     shared_program = SharedProgram(
         **dict(zip(COMMON, common(algorithm))),
