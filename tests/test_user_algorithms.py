@@ -1,9 +1,10 @@
 """docs/api.md's worked examples of a user's algorithm (FedAvg with server momentum,
-FedRep with a step-size schedule) run as a user would, and a user's mistakes are one-line
+FedRep with a step-size schedule, FedRep with the server's mean head) run as a user would, and a user's mistakes are one-line
 errors before anything compiles."""
 
+import csv
 import dataclasses
-import importlib.util
+import json
 import re
 from typing import Callable
 
@@ -13,7 +14,9 @@ import numpy as np
 import pytest
 
 import fedjax_rep as fr
+from fedjax_rep import cli
 from fedjax_rep.core import registry
+from fedjax_rep.experiments import plugins
 from test_docs import ROOT
 
 MODEL = fr.make_model("digits-mlp", 10)
@@ -29,15 +32,13 @@ def example_source() -> str:
 
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory):
-  """docs/api.md's example imported as a module (its algorithms registered while the
-  tests of this module run)."""
+  """The path of docs/api.md's example, loaded as `--plugin` loads it (its algorithms
+  registered while the tests of this module run)."""
   path = tmp_path_factory.mktemp("plugin") / "my_algorithms.py"
   path.write_text(example_source())
-  spec = importlib.util.spec_from_file_location("my_algorithms", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  yield module
-  for name in ("fedavgm", "fedrep-decay"):
+  plugins.load(str(path))
+  yield path
+  for name in ("fedavgm", "fedrep-decay", "fedrep-mean-head"):
     registry.ALGORITHMS["neural"].pop(name)
 
 
@@ -79,6 +80,41 @@ def test_a_schedule_over_rounds_sees_the_round_index(examples):
   np.testing.assert_array_equal(decayed.metrics["train_loss"][0],
                                 fedrep.metrics["train_loss"][0])  # round 0: lr * 0.5 ** 0
   assert not np.allclose(decayed.metrics["train_loss"][1:], fedrep.metrics["train_loss"][1:])
+
+
+def test_the_mean_head_is_the_cohorts_weighted_mean_and_mixing_none_is_fedrep(examples):
+  fedrep = run("fedrep", HP)
+  unmixed = run("fedrep-mean-head", fr.nn_hparams(lr=0.05, head_mix=0.0))
+  np.testing.assert_allclose(unmixed.metrics["train_loss"], fedrep.metrics["train_loss"],
+                             rtol=1e-5)
+  np.testing.assert_allclose(unmixed.eval_metrics["test_accuracy"],
+                             fedrep.eval_metrics["test_accuracy"], atol=1e-6)
+  digits = data()  # one round of every client: the mean head is over all of them
+  every = fr.make_neural_algorithm("fedrep-mean-head", model=MODEL, cohort=digits.num_clients)
+  result = fr.run(every, digits, fr.nn_hparams(lr=0.05, head_mix=0.5), KEY, 1, progress=False)
+  counts = np.asarray(digits.sample_counts(np.arange(digits.num_clients)), np.float64)
+  for path, head in result.state.personal.items():
+    expected = np.tensordot(counts, np.asarray(head, np.float64), axes=1) / counts.sum()
+    np.testing.assert_allclose(result.state.server["mean_head"][path], expected, rtol=1e-5,
+                               atol=1e-6)
+  mixed = run("fedrep-mean-head", fr.nn_hparams(lr=0.05, head_mix=0.5))
+  assert not np.allclose(mixed.metrics["train_loss"][1:], fedrep.metrics["train_loss"][1:])
+
+
+def test_the_mean_head_runs_beside_fedrep_in_fedrep_table1(examples, tmp_path):
+  """docs/api.md's command: the plugin in fedrep-table1-cifar10 --quick, its option set."""
+  out = tmp_path / "out"
+  items = ["algorithms=fedrep,fedrep-mean-head", "head_mix=0.5", "num_clients=10",
+           "classes_per_client=2", "rounds=2"]
+  assert cli.main(["run", "fedrep-table1-cifar10", "--quick", "--plugin", str(examples),
+                   "--no-progress", *[a for item in items for a in ("--set", item)],
+                   "--out", str(out)]) == 0
+  with open(out / "table1.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["algorithm"] for r in rows] == ["fedrep", "fedrep-mean-head"]
+  assert all(0 <= float(r["test_accuracy"]) <= 1 for r in rows)
+  assert rows[1]["paper_test_accuracy"] == ""  # the paper has no such method
+  assert json.loads((out / "config.json").read_text())["config"]["options"] == {"head_mix": 0.5}
 
 
 @dataclasses.dataclass(frozen=True)
