@@ -114,7 +114,7 @@ def test_the_mean_head_runs_beside_fedrep_in_fedrep_table1(examples, tmp_path):
   assert [r["algorithm"] for r in rows] == ["fedrep", "fedrep-mean-head"]
   assert all(0 <= float(r["test_accuracy"]) <= 1 for r in rows)
   assert rows[1]["paper_test_accuracy"] == ""  # the paper has no such method
-  assert json.loads((out / "config.json").read_text())["config"]["options"] == {"head_mix": 0.5}
+  assert json.loads((out / "config.json").read_text())["config"]["options"] == [["head_mix", 0.5]]
 
 
 @dataclasses.dataclass(frozen=True)
