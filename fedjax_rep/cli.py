@@ -35,9 +35,19 @@ def _list(plugin_paths) -> None:
   plugins.load_all(plugin_paths)
   _section("recipes:", {name: recipe.summary for name, recipe in all_recipes().items()})
   for family, entries in ALGORITHMS.items():
-    _section(f"{family} algorithms:", {name: entry.summary for name, entry in entries.items()})
+    _section(f"{family} algorithms:", {name: entry.summary + _options_text(entry.options)
+                                       for name, entry in entries.items()})
   _section("participation schedules on a simulated clock (wrap fedrep: hetero.timed):",
            SCHEDULES)
+
+
+def _options_text(options) -> str:
+  """' (options: NAME=DEFAULT, ...)' of the traced options an algorithm declares that a
+  run may set (not those a recipe sets itself); empty where there are none."""
+  default = lambda o: ("auto" if o.default is None else o.default if o.choices
+                       else format(o.default, "g"))
+  listed = [f"{o.name}={default(o)}" for o in options if not o.set_by_recipe]
+  return f" (options: {', '.join(listed)})" if listed else ""
 
 
 def _data() -> None:

@@ -105,6 +105,9 @@ def test_list(capsys):
   assert "  flute " in linear and "  local " not in linear  # local only is no round algorithm
   for name in ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local"):
     assert f"  {name} " in neural
+  fedprox = next(line for line in neural.splitlines() if line.startswith("  fedprox "))
+  assert fedprox.endswith("(options: prox_mu=0.01)")  # declared once, on FedProx
+  assert "no_bias_decay" not in neural  # the conventions' flags are the recipes' to set
 
 
 def test_list_aligns_the_descriptions_of_each_section(capsys):

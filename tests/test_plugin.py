@@ -181,6 +181,7 @@ def test_list_shows_a_plugins_algorithms(plugin, capsys):
   assert cli.main(["list", "--plugin", str(plugin)]) == 0
   neural_part = capsys.readouterr().out.split("neural algorithms:")[1]
   assert f"  {NAME}  FedAvg whose server keeps server_beta" in neural_part
+  assert re.search(rf"  {NAME}  .*\(options: server_beta=\S+\)", neural_part)
 
 
 def test_the_same_plugin_loads_again_but_no_name_twice(plugin, tmp_path):
