@@ -13,17 +13,24 @@ import time
 # compile but 2-3x slower to run the long linear recipes), and XLA:CPU's older fusion
 # emitters instead of its MLIR ones (`--xla_cpu_use_fusion_emitters=false`: the slow recipe
 # and Table-1 tests spent 158 s compiling instead of 286, 352 CPU-s in all instead of 492).
-# Both agree with the defaults to float32 round-off, not bit for bit (fedrep-fig3 --quick:
+# The fast tier (`-m "not slow"`), which runs no long recipe, compiles at level 0: its
+# reference, flat-store and convention tests took 70 CPU-s instead of 99.
+# They agree with the defaults to float32 round-off, not bit for bit (fedrep-fig3 --quick:
 # metrics within 3.3e-5 relative of the defaults), and every test compares runs made with
 # one set of flags or against float64 references. FEDJAX_REP_TEST_OPTIMIZED=1 tests XLA's
-# defaults. (The round loop compiles the neural algorithms' programs with these two options
-# anyway, `core.loop.QUICK_COMPILE`, whatever the flags.)
+# defaults. (The round loop compiles the neural algorithms' programs with level 1 and the
+# older emitters anyway, `core.loop.QUICK_COMPILE`, whatever the flags.)
 # (pytest-xdist's workers inherit the flags from the controller.)
-if (os.environ.get("FEDJAX_REP_TEST_OPTIMIZED") != "1"
-    and "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
-  os.environ["XLA_FLAGS"] = " ".join(
-      [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=1",
-       "--xla_cpu_use_fusion_emitters=false"]).strip()
+def pytest_configure(config):
+  """Adds the flags above to XLA_FLAGS before any test module makes an array (XLA reads
+  them when JAX first starts its CPU backend)."""
+  if (os.environ.get("FEDJAX_REP_TEST_OPTIMIZED") != "1"
+      and "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
+    level = 0 if config.option.markexpr == "not slow" else 1
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), f"--xla_backend_optimization_level={level}",
+         "--xla_cpu_use_fusion_emitters=false"]).strip()
+
 
 # One persistent compilation cache for the whole run, out of the user's: the pytest-xdist
 # workers and the processes tests start (recipes, notebooks, docs) load a program another

@@ -11,7 +11,7 @@ from fedjax_rep.nn import models
 from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import runner
 
-SMALL = ["rounds=4", "eval_every=2", "algorithms=fedrep,fedavg", "num_clients=20"]
+SMALL = ["rounds=2", "eval_every=1", "algorithms=fedrep,fedavg", "num_clients=10"]
 GRID = {"lr": (0.01, 0.1), "momentum": (0.0, 0.5)}
 
 

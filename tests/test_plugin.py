@@ -46,7 +46,8 @@ fr.register_algorithm("damped-fedavg", "FedAvg whose server keeps server_beta of
 '''
 NAME = "damped-fedavg"
 SMALL = ["digits-personalized", "--quick", "--seeds", "1", "--no-progress",
-         "--set", f"algorithms=fedrep,{NAME}", "--set", "rounds=4", "--set", "eval_every=2"]
+         "--set", f"algorithms=fedrep,{NAME}", "--set", "rounds=4", "--set", "eval_every=2",
+         "--set", "num_clients=10"]
 
 
 @pytest.fixture(autouse=True)
