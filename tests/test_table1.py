@@ -86,6 +86,14 @@ def test_mtl_lambda_is_a_traced_option_or_the_algorithms_default():
   assert float(nn_common.hparams(config).options["mtl_lambda"]) == pytest.approx(0.02)
 
 
+def test_config_json_records_every_declared_option_at_the_value_run():
+  config = fr.resolve("fedrep-table1-cifar10", quick=True, overrides=[
+      "algorithms=fedrep,fedprox,fed-mtl,l2gd", "prox_mu=0.1"])
+  record = config.record(cfg.sweep(config, {}))["options"]
+  assert record == {"prox_mu": 0.1, "mtl_lambda": "auto", "mtl_omega": "ones",
+                    "l2gd_p": 0.2, "l2gd_lambda": 10.0}
+
+
 @pytest.mark.slow
 def test_table1_synthetic_quick(tmp_path):
   """FedRep beats FedAvg on Synthetic(1, 1); every accuracy is finite and in [0, 1]. (The

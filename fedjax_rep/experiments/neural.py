@@ -178,18 +178,22 @@ class Training(cfg.Config):
   def record(self, swept: cfg.Sweep) -> dict:
     """What config.json records of the training conventions (`nn.conventions`):
     {"conventions": {"preset": "paper"|"authors", knob: value, ...}}, every knob resolved
-    (under a grid, one such entry per combination, under its label); and of the precision
-    (`precision_record`)."""
+    (under a grid, one such entry per combination, under its label); of the algorithms'
+    options: {"options": {name: value}}, every option `declared_options` has, at the value
+    the configuration sets or else its default ("auto" where the algorithm computes it; a
+    grid's values are under "grid"); and of the precision (`precision_record`)."""
     record = lambda c: {"preset": c.conventions, **resolved_conventions(c).described()}
     conventions = (dict(zip(swept.labels, map(record, swept.configs))) if swept.grid
                    else record(self))
-    return {"conventions": conventions, **precision_record(self, swept)}
+    given = dict(self.options)
+    options = {name: given.get(name, "auto" if option.default is None else option.default)
+               for name, option in sorted(self.declared_options().items())}
+    return {"conventions": conventions, "options": options, **precision_record(self, swept)}
 
   def declared_options(self) -> dict[str, hparams_lib.Option]:
-    """{name: Option} of the traced options that the algorithms in `algorithms` declare
-    less those a recipe sets itself (`set_by_recipe`:
-    the conventions' flags, the epoch counts of `nn.program`); --set and --grid take them
-    as keys."""
+    """{name: Option} of the traced options that the algorithms in `algorithms` declare,
+    less those a recipe sets itself (`set_by_recipe`: the conventions' flags, the epoch
+    counts of `nn.program`); --set and --grid take them as keys."""
     entries = [nn_registry.ALGORITHMS[name] for name in self.algorithms
                if name in nn_registry.ALGORITHMS]
     return {o.name: o for entry in entries for o in entry.options
