@@ -60,7 +60,8 @@ def test_store_holds_the_samples_alone():
   assert padded.x.size + padded.x_test.size > 10 * data.x.size  # heavy tails: padding dominates
 
 
-@pytest.mark.parametrize("name", ["fedrep", "fedavg-ft", "flute", "l2gd"])
+@pytest.mark.parametrize("name", ["fedrep", *[pytest.param(n, marks=pytest.mark.slow)
+                                              for n in ("fedavg-ft", "flute", "l2gd")]])
 def test_flat_rounds_and_evaluation_equal_the_padded_ones(name):
   """The flat store trains and tests every client as the padded layout does, up to float32
   round-off: a client's shuffles do not depend on its padding (threefry's draws of a
@@ -80,6 +81,7 @@ def test_flat_rounds_and_evaluation_equal_the_padded_ones(name):
   chex.assert_trees_all_close(*outcomes, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # the fast tier keeps test_nn's no-recompile check of the padded layout
 def test_no_recompiles_across_rounds_chunks_and_seeds(compiles):
   data = synthetic.federated(1.0, 1.0, 40, 0, test_fraction=0.2)  # classes 64 .. 2048
   assert len(data.classes) >= 4

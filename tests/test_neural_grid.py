@@ -20,6 +20,7 @@ def by_run(rows, keys=("lr", "momentum")):
   return {(r["algorithm"], r["seed"], r["round"], *(r.get(k) for k in keys)): r for r in rows}
 
 
+@pytest.mark.slow  # the fast tier keeps one-program sweeps of an option and of a baseline's number, below
 def test_a_grid_of_traced_keys_is_one_program_with_the_numbers_of_each_setting(compiles):
   rows, _ = runner.run("digits-personalized", quick=True, seeds=2, overrides=SMALL,
                        grid=GRID, progress=False)
@@ -61,6 +62,7 @@ def test_a_baselines_number_is_a_traced_option_swept_in_one_program(compiles):
   assert len(set(finals.values())) > 1  # prox_mu reached the program
 
 
+@pytest.mark.slow  # the fast tier keeps the padded last chunk, below
 def test_settings_that_do_not_fit_run_in_chunks_of_one_program(capsys, compiles):
   config = neural.Training()
   data = federated.stack([digits.federated(10, "classes", 2, seed=s) for s in (0, 1)])

@@ -40,7 +40,9 @@ def test_sample_padded_draws_the_unpadded_cohort(max_clients, max_size):
         np.testing.assert_array_equal(clients[mask], expected)
 
 
-@pytest.mark.parametrize("n", [1, 2, 7, 1000, cohort.PACKED_SORT_MAX, cohort.PACKED_SORT_MAX + 3])
+@pytest.mark.parametrize("n", [  # the fast tier: the packed sort up to 1000, and beyond it
+    1, 2, 7, 1000, pytest.param(cohort.PACKED_SORT_MAX, marks=pytest.mark.slow),
+    cohort.PACKED_SORT_MAX + 3])
 def test_stable_argsort_is_numpys_stable_argsort(n):
   """Random keys, many ties, and keys equal in their high bits but not their low ones (the
   packed sort's odd-even passes must order those), one by one and vmapped under jit."""

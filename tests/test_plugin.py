@@ -196,11 +196,11 @@ def test_the_same_plugin_loads_again_but_no_name_twice(plugin, tmp_path):
     plugins.load(str(other))
 
 
+@pytest.mark.slow  # the fast tier keeps docs/api.md's plugin in fedrep-table1-cifar10 (test_user_algorithms)
 @pytest.mark.parametrize("recipe,setting", [  # one small setting each, to keep CI short
     ("fedrep-table1-cifar10", ["num_clients=10", "classes_per_client=2"]),
     ("flute-table1", ["num_clients=20", "classes_per_client=2"]),
-    pytest.param("table1-synthetic", ["num_clients=20", "alpha=1", "beta=1"],
-                 marks=pytest.mark.slow)])
+    ("table1-synthetic", ["num_clients=20", "alpha=1", "beta=1"])])
 def test_a_plugin_algorithm_runs_in_a_table1_recipe_beside_built_in_ones(recipe, setting,
                                                                           plugin, tmp_path):
   """The Table-1 recipes take a registered algorithm that their paper does not have: its

@@ -115,6 +115,7 @@ CHILD = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.slow  # the fast tier keeps the hash's known answers and numpy reference
 def test_flat_lowering_gives_jax_randoms_bits_on_one_axis():
   env = {**os.environ, "JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"}
   done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,

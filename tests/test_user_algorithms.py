@@ -72,6 +72,7 @@ def test_a_sweep_over_three_betas_compiles_the_round_once(examples, compiles):
   assert compiles.count == 0, compiles.names
 
 
+@pytest.mark.slow  # the fast tier keeps the other two examples' runs
 def test_a_schedule_over_rounds_sees_the_round_index(examples):
   fedrep = run("fedrep", HP)
   constant = run("fedrep-decay", fr.nn_hparams(lr=0.05, lr_decay=1.0))
@@ -105,7 +106,7 @@ def test_the_mean_head_runs_beside_fedrep_in_fedrep_table1(examples, tmp_path):
   """docs/api.md's command: the plugin in fedrep-table1-cifar10 --quick, its option set."""
   out = tmp_path / "out"
   items = ["algorithms=fedrep,fedrep-mean-head", "head_mix=0.5", "num_clients=10",
-           "classes_per_client=2", "rounds=2"]
+           "classes_per_client=2", "rounds=2", "mock_examples=200"]
   assert cli.main(["run", "fedrep-table1-cifar10", "--quick", "--plugin", str(examples),
                    "--no-progress", *[a for item in items for a in ("--set", item)],
                    "--out", str(out)]) == 0

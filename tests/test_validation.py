@@ -214,8 +214,9 @@ def algorithm(**structure):
   return fr.make_neural_algorithm("fedrep", model=MODEL, **structure)
 
 
-@pytest.mark.parametrize("layout, eval_clients", [("padded", "all"), ("flat", "all"),
-                                                  ("padded", "cohort")])
+@pytest.mark.parametrize("layout, eval_clients", [  # the fast tier keeps the padded layout's
+    ("padded", "all"), pytest.param("flat", "all", marks=pytest.mark.slow),
+    pytest.param("padded", "cohort", marks=pytest.mark.slow)])
 def test_val_metrics_are_each_clients_accuracy_on_its_validation_rows(layout, eval_clients):
   fedrep = algorithm(eval_clients=eval_clients)
   data = fr.validation_split(digits(0, layout), 0.25, 5)
