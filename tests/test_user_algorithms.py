@@ -17,6 +17,7 @@ import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.core import registry
 from fedjax_rep.experiments import plugins
+from fedjax_rep.nn import registry as nn_registry
 from test_docs import ROOT
 
 MODEL = fr.make_model("digits-mlp", 10)
@@ -38,8 +39,9 @@ def examples(tmp_path_factory):
   path.write_text(example_source())
   plugins.load(str(path))
   yield path
-  for name in ("fedavgm", "fedrep-decay", "fedrep-mean-head"):
+  for name in ("fedavgm", "fedrep-decay", "fedrep-mean-head"):  # so that they load again
     registry.ALGORITHMS["neural"].pop(name)
+    nn_registry.CLASSES.pop(name)
 
 
 def data():
