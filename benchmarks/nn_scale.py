@@ -49,7 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linear_round import machine_info, now, peak_rss_bytes, write_json  # benchmarks/ is the script's directory
+# benchmarks/ is the script's directory
+from linear_round import machine_info, now, peak_rss_bytes, write_json
 from fedjax_rep.core.cohort import cohort_size, sample_cohort
 from fedjax_rep.data import flat
 from fedjax_rep.data import synthetic

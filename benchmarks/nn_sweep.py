@@ -36,7 +36,8 @@ import time
 import jax
 import numpy as np
 
-from linear_round import machine_info, now, peak_rss_bytes, write_json  # benchmarks/ is the script's directory
+# benchmarks/ is the script's directory
+from linear_round import machine_info, now, peak_rss_bytes, write_json
 from recipe_time import compilation, compilation_totals
 
 PARTICIPATION = 0.1

@@ -57,7 +57,7 @@ CHILD = textwrap.dedent("""\
     """)
 
 
-@pytest.mark.slow  # the fast tier keeps none of this: it runs two child processes, each compiling a run
+@pytest.mark.slow  # two child processes, each compiling a run; the fast tier has no such check
 def test_the_options_reach_the_compiled_programs_and_change_only_round_off():
   env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
   done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,

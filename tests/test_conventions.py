@@ -343,7 +343,7 @@ def sharded_outcome(devices) -> dict:
           **{"personal/" + k: v for k, v in state.personal.items()}}
 
 
-@pytest.mark.slow  # the fast tier keeps test_nn_sharding's sharded rounds; this one runs a child process
+@pytest.mark.slow  # a child process; the fast tier keeps test_nn_sharding's sharded rounds
 def test_sharded_average_untrained_equals_unsharded(tmp_path):
   """The sharded run's numbers (2 devices, a child process) are the unsharded run's; some of
   its clients never trained and took the cohorts' mean heads."""

@@ -20,7 +20,7 @@ def by_run(rows, keys=("lr", "momentum")):
   return {(r["algorithm"], r["seed"], r["round"], *(r.get(k) for k in keys)): r for r in rows}
 
 
-@pytest.mark.slow  # the fast tier keeps one-program sweeps of an option and of a baseline's number, below
+@pytest.mark.slow  # the fast tier keeps the one-program sweeps of an option, below
 def test_a_grid_of_traced_keys_is_one_program_with_the_numbers_of_each_setting(compiles):
   rows, _ = runner.run("digits-personalized", quick=True, seeds=2, overrides=SMALL,
                        grid=GRID, progress=False)

@@ -196,7 +196,7 @@ def test_the_same_plugin_loads_again_but_no_name_twice(plugin, tmp_path):
     plugins.load(str(other))
 
 
-@pytest.mark.slow  # the fast tier keeps docs/api.md's plugin in fedrep-table1-cifar10 (test_user_algorithms)
+@pytest.mark.slow  # the fast tier keeps test_user_algorithms' plugin in a Table-1 recipe
 @pytest.mark.parametrize("recipe,setting", [  # one small setting each, to keep CI short
     ("fedrep-table1-cifar10", ["num_clients=10", "classes_per_client=2"]),
     ("flute-table1", ["num_clients=20", "classes_per_client=2"]),

@@ -1,6 +1,6 @@
 """docs/api.md's worked examples of a user's algorithm (FedAvg with server momentum,
-FedRep with a step-size schedule, FedRep with the server's mean head) run as a user would, and a user's mistakes are one-line
-errors before anything compiles."""
+FedRep with a step-size schedule, FedRep with the server's mean head) run as a user would,
+and a user's mistakes are one-line errors before anything compiles."""
 
 import csv
 import dataclasses
