@@ -32,7 +32,8 @@ class Grammar(cfg.Config):
   rounds: int = cfg.rounds(5)
   sizes: tuple = cfg.positive_int("a list of sizes", (1, 2), sequence=True)
   mode: str = cfg.choice("a choice", "fixed", ("fixed", "fresh", "population"))
-  decay: float | None = cfg.optional_nonnegative_float("auto or a number >= 0")
+  decay: float | None = cfg.setting(None, cfg.Check(float, low=0.0, optional=True),
+                                    "auto or a number >= 0")
   devices: int | str = cfg.setting(1, cfg.Check(int, low=1, words=("all",)), "a word too")
   modes: tuple = cfg.choice("a list of choices", ("fixed",), ("fixed", "fresh", "population"),
                             sequence=True)

@@ -99,11 +99,6 @@ def nonnegative_float(help, default):
   return setting(default, Check(float, low=0.0), help)
 
 
-def optional_nonnegative_float(help):
-  """A number >= 0, or None (auto: the algorithm's default), None by default."""
-  return setting(None, Check(float, low=0.0, optional=True), help)
-
-
 def fraction(help, default):
   return setting(default, Check(float, low=0.0, high=1.0, open_low=True), help)
 
