@@ -1,4 +1,4 @@
-"""What the Table-1 recipes share (FedRep's, FLUTE's, the synthetic one): the baselines'
+"""What the Table-1 recipes share (FedRep's, FLUTE's, the synthetic one): their
 configuration fields, running every setting, table1.csv beside a paper's numbers (each
 recipe gives its paper's, e.g. `recipes.fedrep.paper`) and the figure.
 
