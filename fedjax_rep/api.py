@@ -6,7 +6,7 @@ from fedjax_rep.core.aggregate import weighted_mean, weighted_sum
 from fedjax_rep.core.cohort import cohort_size, sample_cohort
 from fedjax_rep.core.compile_cache import enable as enable_compile_cache
 from fedjax_rep.core.threefry import use_flat as use_flat_threefry
-from fedjax_rep.core.loop import RunResult, evaluate, init_state, run
+from fedjax_rep.core.loop import Chunk, RunResult, evaluate, init_state, run
 from fedjax_rep.core.padding import Padded, PaddedData
 from fedjax_rep.core.protocols import (Algorithm, Checked, ClientData, Evaluated,
                                       MaskedAlgorithm)

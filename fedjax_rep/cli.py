@@ -96,6 +96,12 @@ def _parser() -> argparse.ArgumentParser:
   run.add_argument("--confirm-seeds", type=int, default=None, metavar="N",
                    help="with --select: run each chosen combination again on N fresh seeds and "
                    "add its test statistic there to selection.csv")
+  run.add_argument("--log", action="append", default=[], metavar="TRACKER",
+                   choices=("tensorboard", "mlflow"),
+                   help="also log the runs, as they compute, to TRACKER: tensorboard (event "
+                   "files in OUT/tensorboard) or mlflow (OUT/mlflow.db); repeatable; needs "
+                   "pip install 'fedjax_rep[tracking]'; recorded in config.json, and --resume "
+                   "continues the logs")
   run.add_argument("--out", default=None, help="output directory (default runs/RECIPE-<time>); "
                    "an existing one with the same configuration and grid is resumed")
   run.add_argument("--overwrite", action="store_true",
@@ -137,18 +143,19 @@ def _what_to_run(args) -> tuple[str, dict]:
     return name, {"quick": args.quick, "seeds": args.seeds, "overrides": args.overrides,
                   "grid": args.grid, "out": args.out or runner.default_out(name),
                   "plugins": args.plugin, "select": args.select,
-                  "confirm_seeds": args.confirm_seeds}
+                  "confirm_seeds": args.confirm_seeds, "log": args.log}
   option = "--resume" if args.resume else "--from-config"
   given = [flag for flag, value in (("a recipe name", args.recipe), ("--quick", args.quick),
                                     ("--seeds", args.seeds), ("--set", args.overrides),
                                     ("--grid", args.grid), ("--plugin", args.plugin),
                                     ("--select", args.select),
                                     ("--confirm-seeds", args.confirm_seeds is not None),
+                                    ("--log", args.log),
                                     ("--from-config", args.resume and args.from_config),
                                     ("--out", args.resume and args.out)) if value]
   if given:
-    raise ConfigError(f"{option} reads the recipe, seeds, configuration, grid and plugins "
-                      f"from config.json: do not also give {', '.join(given)}")
+    raise ConfigError(f"{option} reads the recipe, seeds, configuration, grid, plugins and "
+                      f"trackers from config.json: do not also give {', '.join(given)}")
   if args.resume:
     if not os.path.isfile(os.path.join(args.resume, "config.json")):
       problem = ("is not a run directory (no config.json in it)" if os.path.isdir(args.resume)
@@ -250,7 +257,22 @@ def main(argv=None) -> int:
       _print_table(os.path.join(out, name))
   print(f"wrote {out}/metrics.csv, config.json, {recipe}.png"
         + "".join(f", {name}" for name in tables))
+  for line in _log_lines(out):
+    print(line)
   return 0
+
+
+def _log_lines(out: str) -> list[str]:
+  """How to look at the trackers' logs in the run directory `out`, one line per tracker
+  that wrote there."""
+  lines = []
+  if os.path.isdir(os.path.join(out, "tensorboard")):
+    lines.append(f"logged to TensorBoard: tensorboard --logdir "
+                 f"{shlex.quote(os.path.join(out, 'tensorboard'))}")
+  if os.path.exists(os.path.join(out, "mlflow.db")):
+    uri = "sqlite:///" + os.path.abspath(os.path.join(out, "mlflow.db"))
+    lines.append(f"logged to MLflow: mlflow ui --backend-store-uri {shlex.quote(uri)}")
+  return lines
 
 
 def _print_table(path: str) -> None:

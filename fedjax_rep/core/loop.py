@@ -1,18 +1,17 @@
 """The round loop: rounds under `lax.scan` inside `jit`, driven from Python in chunks.
 
-An algorithm (`core.protocols.Algorithm`) has init(key, data, hparams) -> state,
-round(state, key, data, hparams) -> (state, metrics: a dict of scalars), optionally
-evaluate(state, data, hparams) -> metrics (`Evaluated`), and the attributes quick_compile
-and tracked_metric. Its fields are static structure, `hparams` traced numbers. Round t's
-key is `fold_in(rounds_key, t)`, whatever the chunks, so a run resumes from any round.
-Chunks end at multiples of `chunk` and of `eval_every`; `evaluate` runs at the latter and
-after the last round; the state is donated between chunks (a caller's is copied first).
-A run diverges at the first round whose state or metrics are not finite, or whose tracked
-metric (else train_loss) exceeds `blowup` times its magnitude at the first round (the
-reference, carried like the state); it keeps its state from before that round, and its
-metrics and later evaluations are NaN. On the CPU the programs of a `quick_compile`
-algorithm, and those `jit_by_algorithm` jits, compile with `QUICK_COMPILE` (LLVM -O1,
-XLA:CPU's older fusion emitters; docs/neural.md); the rest get XLA's defaults.
+An algorithm (`core.protocols.Algorithm`: init, round, optionally evaluate,
+quick_compile, tracked_metric) has fields of static structure and traced `hparams`. Round
+t's key is `fold_in(rounds_key, t)`, whatever the chunks, so a run resumes from any
+round. Chunks end at multiples of `chunk` and of `eval_every`; `evaluate` runs at the
+latter and after the last round; the state is donated between chunks (a caller's is
+copied first); callbacks get each chunk's metrics (`Chunk`). A run diverges at the first
+round whose state or metrics are not finite, or whose tracked metric (else train_loss)
+exceeds `blowup` times its magnitude at the first round (the reference, carried like the
+state); it keeps its state from before that round, and its metrics and later evaluations
+are NaN. On the CPU the programs of a `quick_compile` algorithm, and those
+`jit_by_algorithm` jits, compile with `QUICK_COMPILE` (LLVM -O1, XLA:CPU's older fusion
+emitters; docs/neural.md); the rest get XLA's defaults.
 """
 
 import dataclasses
@@ -62,6 +61,26 @@ class RunResult:
   reference: Any = None
   eval_rounds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, int))
   eval_metrics: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Chunk:
+  """What `run` gives each of its callbacks after a chunk of rounds.
+
+  rounds: int [k], the chunk's rounds (1-based); metrics[name]: float [k] ([sweep, k] when
+  sweeping), those of its rounds; eval_metrics[name]: [] ([sweep]), those of the evaluation
+  after its last round, empty where none ran; state: a host copy (numpy leaves) of the state
+  after its last round where `run` was asked for it (callback_state), else None.
+  """
+  rounds: np.ndarray
+  metrics: dict[str, np.ndarray]
+  eval_metrics: dict[str, np.ndarray]
+  state: Any = None
+
+  @property
+  def round(self) -> int:
+    """The last round of the chunk (1-based): rounds done so far."""
+    return int(self.rounds[-1])
 
 
 def split_run_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -314,7 +333,7 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
         diverged=None, reference=None, blowup: float | None = DEFAULT_BLOWUP,
         chunk: int | None = None, eval_every: int | None = None,
         sweep_axes: tuple | None = None, progress: bool = True,
-        desc: str | None = None) -> RunResult:
+        desc: str | None = None, callbacks=(), callback_state: bool = False) -> RunResult:
   """Runs rounds [start_round, num_rounds) of `algorithm` and returns state and metrics.
 
   Args:
@@ -338,6 +357,9 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
       sweep axis (seeds, step sizes); None for a single run.
     progress: show a progress bar (rounds done / total, rounds per second).
     desc: the progress bar's label; default `algorithm.name`.
+    callbacks: functions called with a `Chunk` after each chunk of rounds run here (in round
+      order; not those restored from a checkpoint), e.g. to log metrics as they come.
+    callback_state: give the callbacks a host copy of the state (`Chunk.state`).
 
   Returns:
     RunResult with metrics[name] of shape [rounds] ([sweep, rounds] when sweeping), where
@@ -406,11 +428,18 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
         np.int32(stop), blowup, chunk=chunk, sweep_axes=sweep_axes)
     metrics = jax.device_get(metrics)
     pieces.append({k: np.take(v, np.arange(stop - t), axis=axis) for k, v in metrics.items()})
+    evaluation = {}
     if evaluated and (stop == num_rounds or (eval_every and stop % eval_every == 0)):
+      evaluation = _masked(jax.device_get(evaluate(algorithm, state, data, hparams,
+                                                   sweep_axes=sweep_axes)),
+                           jax.device_get(diverged))
       eval_rounds.append(stop)
-      eval_pieces.append(_masked(jax.device_get(evaluate(algorithm, state, data, hparams,
-                                                         sweep_axes=sweep_axes)),
-                                 jax.device_get(diverged)))
+      eval_pieces.append(evaluation)
+    if callbacks:
+      chunk_report = Chunk(np.arange(t + 1, stop + 1), pieces[-1], evaluation,
+                           jax.device_get(state) if callback_state else None)
+      for callback in callbacks:
+        callback(chunk_report)
     bar.update(stop - t)
     t = stop
     # In a job of several processes, all of them stop and save together.

@@ -25,6 +25,7 @@ from fedjax_rep.nn import sharded as nn_sharded
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import placement
 from fedjax_rep.experiments import shared
+from fedjax_rep.experiments import tracking
 
 TRACED = ("lr", "momentum", "weight_decay")  # the fields a grid sweeps in one program
 ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local")
@@ -248,15 +249,18 @@ def validated(data, config, seed: int):
 
 
 def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_every,
-                 progress, keep_model=False, sweep_axes=(0, None, 0)):
+                 progress, keep_model=False, sweep_axes=(0, None, 0), members=None):
   """Cached unit `unit_name`: `algorithm` on every run of `data` (a leading axis of runs,
   e.g. seeds, with one key of `keys` each) as one vmapped program; metrics [runs, rounds],
   eval_rounds [E], eval metrics [runs, E] and, with keep_model, the final shared params
-  (nested, leaves [runs, ...]) under 'model'."""
+  (nested, leaves [runs, ...]) under 'model'. With `members` (each run's metrics.csv
+  columns: algorithm, seed, settings), the active tracker logs the runs as they compute
+  (`tracking.live`)."""
 
   def compute():
     result = loop.run(algorithm, data, hparams, keys, rounds, eval_every=eval_every,
-                      sweep_axes=sweep_axes, progress=progress, desc=unit_name)
+                      sweep_axes=sweep_axes, progress=progress, desc=unit_name,
+                      callbacks=tracking.live(members) if members else ())
     out = {"metrics": result.metrics, "eval_rounds": result.eval_rounds,
            "eval": result.eval_metrics}
     if keep_model:
@@ -298,7 +302,7 @@ def traced_keys(config) -> tuple[str, ...]:
 
 
 def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress,
-            grid=None) -> list[dict]:
+            grid=None, runs=None) -> list[dict]:
   """`trained_unit` of algorithm `name` (`algorithm`) for config.rounds rounds, once per
   combination of `grid` (dicts of traced keys, `traced_keys`; None: config's own values),
   as a list of results in the grid's order, each with its `cost` (COST: `nn.cost` of the
@@ -306,7 +310,11 @@ def trained(unit, unit_name, name, config, model, data, keys, num_clients, progr
   program that it shares with the others of config.algorithms (`nn.program`), when there
   are any (one compilation for all of them), with the flags of config's conventions that
   the program takes. A grid's G combinations run with every run of `data` as one program
-  of G x runs runs (hparams stacked, data and keys tiled: `settings_unit`)."""
+  of G x runs runs (hparams stacked, data and keys tiled: `settings_unit`). `runs`: the
+  metrics.csv columns of each run of `data` (seed, settings), with which the active tracker
+  logs them as they compute (`trained_unit`'s members)."""
+  members = [[{"algorithm": name, **run, **combination} for run in runs]
+             for combination in grid or [{}]] if runs else None
   peers = [algorithm(n, config, model, num_clients) for n in config.algorithms]
   own = algorithm(name, config, model, num_clients)
   settings = [cfg.apply(config, combination) for combination in grid or [{}]]
@@ -314,10 +322,12 @@ def trained(unit, unit_name, name, config, model, data, keys, num_clients, progr
   if not grid:
     program, program_hparams = programs[0]
     results = [trained_unit(unit, unit_name, program, data, program_hparams, keys,
-                            config.rounds, config.eval_every, progress)]
+                            config.rounds, config.eval_every, progress,
+                            members=members and members[0])]
   else:
     results = settings_unit(unit, unit_name, programs[0][0], data, [h for _, h in programs],
-                            keys, config.rounds, config.eval_every, progress)
+                            keys, config.rounds, config.eval_every, progress,
+                            members=members)
   flops = unit(f"{unit_name}-flops", lambda: {"flops_per_round": np.float64(
       cost_lib.round_flops(own, data, hparams(config)))})["flops_per_round"]
   return [{**result, "cost": {**cost_lib.communication(own, data, hparams(s)),
@@ -345,14 +355,16 @@ def runs_that_fit(algorithm, data, hparams, keys, available: int | None = None) 
 
 
 def settings_unit(unit, unit_name, program, data, settings_hparams: list, keys, rounds,
-                  eval_every, progress, available: int | None = None) -> list[dict]:
+                  eval_every, progress, available: int | None = None,
+                  members=None) -> list[dict]:
   """`trained_unit` results of `program` with each of the G `settings_hparams` (hparams of
   one structure) on every run of `data` (R runs, keys [R]): the G x R runs as one vmapped
   program (hparams leaves repeated R times, data and keys tiled G times; run g * R + r is
   setting g on run r), split into chunks of equal settings where they would not fit in
   memory (`runs_that_fit`; said on stderr; the last chunk padded with its last setting, so
   every chunk runs one compiled program), units '<unit_name>' or '<unit_name>-settings
-  A-B'. Returns one result per setting, as `trained_unit`'s of its R runs."""
+  A-B'. `members[g]`: the columns of setting g's R runs (`trained_unit`'s members). Returns
+  one result per setting, as `trained_unit`'s of its R runs."""
   width = jax.tree.leaves(data)[0].shape[0]  # R
   count = len(settings_hparams)
   fit, per_run = runs_that_fit(program, data, settings_hparams[0], keys, available)
@@ -368,9 +380,12 @@ def settings_unit(unit, unit_name, program, data, settings_hparams: list, keys, 
     chosen = chosen + chosen[-1:] * (size - len(chosen))  # the same shape for every chunk
     stacked = jax.tree.map(lambda *leaves: np.repeat(np.stack(leaves), width, axis=0), *chosen)
     name = unit_name if chunks == 1 else f"{unit_name}-settings{start}-{start + size - 1}"
+    padded = range(start, start + size)
     result = trained_unit(unit, name, program, shared.concatenate([data] * size), stacked,
                           jnp.tile(keys, size), rounds, eval_every, progress,
-                          sweep_axes=(0, 0, 0))
+                          sweep_axes=(0, 0, 0),
+                          members=members and [m for g in padded
+                                               for m in members[min(g, count - 1)]])
     results += [runs(result, g * width, (g + 1) * width)
                 for g in range(min(size, count - start))]
   return results

@@ -9,6 +9,7 @@ Every swept key is a column of the rows, and so is `grid`, the label of the row'
 combination ("lr=0.3, num_clients=100"); figures draw one line per label.
 """
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -27,6 +28,7 @@ from fedjax_rep.experiments import placement
 from fedjax_rep.experiments import plugins as plugins_lib
 from fedjax_rep.experiments import registry
 from fedjax_rep.experiments import selection
+from fedjax_rep.experiments import tracking
 
 
 def check_seeds(seeds) -> int:
@@ -51,18 +53,22 @@ def _prepare(name, quick, seeds, overrides, grid):
   return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds), swept
 
 
-def _sweep(recipe, config, seeds, swept, unit, progress) -> list[dict]:
+def _sweep(recipe, config, seeds, swept, unit, progress, tracker=None) -> list[dict]:
   """The rows of every combination of the sweep `swept`: one call of recipe.run per
   combination of the shape-changing keys (with grid=[traced combinations] where the recipe
   traces swept keys), each caching its units under the prefix 'KEY=VALUE,...--'; every row
   gets the swept keys and the `grid` label of its combination as columns. Without a grid:
   recipe.run's rows. First says on stderr which combinations train on mock data
-  (`mock_lines`)."""
+  (`mock_lines`). With a `tracking.Tracker`, each call runs with it active, and its rows'
+  metrics are logged to it (those not logged as they ran)."""
   if distributed.is_writer():
     for line in mock_lines(recipe, swept.configs):
       print(line, file=sys.stderr)
   if not swept.grid:
-    return recipe.run(config, seeds, unit=unit, progress=progress)
+    with tracking.active(tracker):
+      rows = recipe.run(config, seeds, unit=unit, progress=progress)
+    _track(tracker, recipe, rows)
+    return rows
   traced_keys = recipe.traced(config) if callable(recipe.traced) else recipe.traced
   traced, shapes = swept.split(traced_keys)
   traced_grid = {} if traced is None else {"grid": traced}
@@ -70,9 +76,14 @@ def _sweep(recipe, config, seeds, swept, unit, progress) -> list[dict]:
   rows = []
   for shape in shapes:
     prefix = cfg.combination_label(shape, ",") + "--" if shape else ""
-    for row in recipe.run(cfg.apply(config, shape), seeds,
-                          unit=lambda name, compute, p=prefix: unit(p + name, compute),
-                          progress=progress, **traced_grid):
+    if tracker is not None:
+      tracker.combination = shape
+    with tracking.active(tracker):
+      shape_rows = recipe.run(cfg.apply(config, shape), seeds,
+                              unit=lambda name, compute, p=prefix: unit(p + name, compute),
+                              progress=progress, **traced_grid)
+    start = len(rows)
+    for row in shape_rows:
       label = cfg.combination_label({key: shape[key] if key in shape else row.get(key)
                                      for key in swept.grid})
       if label not in combinations:
@@ -81,7 +92,32 @@ def _sweep(recipe, config, seeds, swept, unit, progress) -> list[dict]:
                            f"combination of its grid; its run must return the traced keys "
                            f"{swept_traced} as columns with the values it was given")
       rows.append({**row, **combinations[label], "grid": label})
+    _track(tracker, recipe, rows[start:])
   return rows
+
+
+def _track(tracker, recipe, rows: list[dict]) -> None:
+  """Logs the metrics.csv columns of `rows` (not recipe.summary_only) to `tracker`, if
+  any."""
+  if tracker is not None:
+    tracker.rows([{k: v for k, v in row.items() if k not in recipe.summary_only}
+                  for row in rows])
+
+
+def _tracker(log, path, name, config, swept, fresh):
+  """The `tracking.Tracker` of sinks `log` in `path` for recipe `name`'s run of `config`
+  over `swept` (process 0 of a job only; a context manager that closes it), or a context of
+  None without sinks."""
+  if not log or not distributed.is_writer():
+    return contextlib.nullcontext()
+  return tracking.Tracker(path, log, recipe=name, config=config, grid=swept.grid, fresh=fresh)
+
+
+def _finish(tracker, recipe, rows, config, swept) -> None:
+  """Ends `tracker`'s runs (if any) with the summary table of `rows` (`_summary`) where the
+  recipe has one."""
+  if tracker is not None:
+    tracker.finish(_summary(recipe, rows, config, swept) if recipe.summarize else [])
 
 
 def mock_lines(recipe, configs) -> list[str]:
@@ -109,7 +145,8 @@ def _figure_config(config, swept: cfg.Sweep):
 
 
 def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(), grid=(),
-        progress: bool = True) -> tuple[list[dict], object]:
+        progress: bool = True, log=(), log_dir: str | None = None
+        ) -> tuple[list[dict], object]:
   """Runs recipe `name` in memory over every combination of `grid`.
 
   Each combination as `_sweep` runs it; writes no files, and prints one line on stderr per
@@ -122,6 +159,10 @@ def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(
     overrides: 'KEY=VALUE' items, as `--set` takes them.
     grid: {KEY: values} or 'KEY=V1,V2,...' items, as `--grid` takes them.
     progress: show a progress bar.
+    log: trackers to log the runs to as they compute, 'tensorboard' and/or 'mlflow'
+      (`tracking`; needs `pip install 'fedjax_rep[tracking]'`).
+    log_dir: where the trackers write (a new directory, or one without their logs;
+      default runs/NAME-<date>-<time>).
 
   Returns:
     (rows, config): the metrics.csv rows (dicts, one per algorithm x seed x round x
@@ -129,7 +170,13 @@ def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(
     swept values.
   """
   recipe, config, seeds, swept = _prepare(name, quick, seeds, overrides, grid)
-  rows = _sweep(recipe, config, seeds, swept, _call_unit, progress)
+  log = tracking.check(log)
+  log_dir = default_out(name) if log_dir is None else log_dir
+  if log:
+    tracking.check_new(log_dir)
+  with _tracker(log, log_dir, name, config, swept, fresh=False) as tracker:
+    rows = _sweep(recipe, config, seeds, swept, _call_unit, progress, tracker)
+    _finish(tracker, recipe, rows, config, swept)
   _say_diverged(rows)
   return rows, _figure_config(config, swept)
 
@@ -151,7 +198,8 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
                grid=(), out: str | None = None, progress: bool = True, overwrite: bool = False,
                checkpoint_rounds: int | None = None,
                checkpoint_seconds: float | None = checkpoint.DEFAULT_SECONDS,
-               plugins=(), select: bool = False, confirm_seeds: int | None = None) -> str:
+               plugins=(), select: bool = False, confirm_seeds: int | None = None,
+               log=()) -> str:
   """Runs recipe `name` over every combination of `grid` into a run directory.
 
   It writes metrics.csv, config.json (the grid, the code's revision, the plugins),
@@ -176,12 +224,15 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
       selection.png.
     confirm_seeds: with select, run each choice again on this many fresh seeds (those after
       the run's) and add its test statistic there to selection.csv.
+    log: as `run`'s, writing into the run directory (out/tensorboard, out/mlflow.db);
+      recorded in config.json, and a resumed run adds only the rounds its logs lack.
 
   Returns:
     The run directory.
   """
   loaded = plugins_lib.load_all(plugins)
   recipe, config, seeds, swept = _prepare(name, quick, seeds, overrides, grid)
+  log = tracking.check(log)
   grid = swept.grid
   if select or confirm_seeds is not None:
     if not select:
@@ -202,11 +253,13 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
                      "threefry_scope": "process"},
             "job": job_record(config), "plugins": loaded,
             **({"select": {"confirm_seeds": confirm_seeds}} if select else {}),
+            **({"log": list(log)} if log else {}),
             **config.record(swept),
             "versions": outputs.versions()},
       overwrite=overwrite, every_rounds=checkpoint_rounds,
-      every_seconds=checkpoint_seconds) as run_dir:
-    rows = _sweep(recipe, config, seeds, swept, run_dir.unit, progress)
+      every_seconds=checkpoint_seconds) as run_dir, _tracker(
+          log, out, name, config, swept, fresh=overwrite) as tracker:
+    rows = _sweep(recipe, config, seeds, swept, run_dir.unit, progress, tracker)
     columns = (*grid, "grid") if grid else ()
     run_dir.write_csv("metrics.csv", [{k: v for k, v in row.items()
                                        if k not in recipe.summary_only} for row in rows],
@@ -228,6 +281,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
       run_dir.write_csv("selection.csv", chosen, first=selection.setting_keys(chosen, grid))
       run_dir.write("selection.png", lambda f: selection.plot(entries, chosen, grid, f))
       written += ["selection.csv", "selection.png"]
+    _finish(tracker, recipe, rows, config, swept)
     run_dir.finish(written)
     _say_diverged(rows)
   return out
@@ -315,7 +369,7 @@ def _saved_items(saved_config: dict, grid: dict) -> list[str]:
 
 
 def replay(config_path: str) -> dict:
-  """The keywords of `run_to_dir` (name, quick, seeds, overrides, grid, plugins, select,
+  """The keywords of `run_to_dir` (name, quick, seeds, overrides, grid, log, plugins, select,
   confirm_seeds) that run
   again the run that wrote `config_path` (its config.json): every configuration field as a
   --set item, checked as any, and the plugins it ran with. ConfigError when the file
@@ -343,4 +397,5 @@ def replay(config_path: str) -> dict:
           "confirm_seeds": select.get("confirm_seeds") if isinstance(select, dict) else None,
           "overrides": _saved_items(saved["config"], grid),
           "grid": {key: tuple(values) for key, values in grid.items()},
+          "log": tuple(saved.get("log") or ()),
           "plugins": plugins_lib.recorded(saved.get("plugins"), config_path)}

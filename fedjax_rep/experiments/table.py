@@ -100,7 +100,8 @@ def run(config, seeds: int, unit, progress, settings: list[dict], dataset, model
     group_keys = neural.run_keys(seed_values, len(group))  # run i*seeds + j: setting i
     for name in config.algorithms:
       results = neural.trained(unit, f"{name}-n{num_clients}", name, config, model, data,
-                               group_keys, num_clients, progress, grid)
+                               group_keys, num_clients, progress, grid,
+                               runs=[{**s, "seed": seed} for s in group for seed in seed_values])
       for combination, result in zip(grid or [{}], results):
         for i, setting in enumerate(group):
           part = neural.runs(result, i * seeds, (i + 1) * seeds)

@@ -62,7 +62,8 @@ def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> l
   rows = []
   for name in config.algorithms:
     results = neural.trained(unit, name, name, config, model, datasets,
-                             neural.run_keys(seed_values), config.num_clients, progress, grid)
+                             neural.run_keys(seed_values), config.num_clients, progress, grid,
+                             runs=[{"seed": s} for s in seed_values])
     for combination, result in zip(grid or [{}], results):
       rows += neural.rows(name, seed_values, result, **combination)
   return rows

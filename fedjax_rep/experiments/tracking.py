@@ -1,0 +1,318 @@
+"""Runs in the trackers researchers use: TensorBoard event files (DIR/tensorboard) and an
+MLflow store (DIR/mlflow.db) in a run directory, one tracked run per algorithm x seed x
+setting x grid combination. A `Tracker` logs the rounds as `loop.run` computes them (`live`,
+a callback of the runs whose callers name them) and completes them from metrics.csv's rows
+(`rows`); each (run, metric, round) is logged once, across resumes too, as each sink reads
+back what it holds when it opens. At the end it adds the summary table's entries as
+`summary/NAME` metrics, and the settings as TensorBoard HParams and MLflow params.
+"""
+
+import contextlib
+import importlib.util
+import logging
+import math
+import os
+import shutil
+import time
+
+import numpy as np
+
+from fedjax_rep.experiments import config as cfg
+
+INSTALL = "pip install 'fedjax_rep[tracking]'"
+# Each sink's libraries: tensorboardX writes the event files, tensorboard reads them back
+# (and shows them); MLflow's sqlite store needs sqlalchemy and alembic.
+LIBRARIES = {"tensorboard": ("tensorboardX", "tensorboard"),
+             "mlflow": ("mlflow", "sqlalchemy", "alembic")}
+SUMMARY = "summary/"  # the prefix of the summary table's metrics
+MLFLOW_SECONDS = 5.0  # MLflow receives the rounds at most this often (and at the end)
+
+
+def check(log) -> tuple[str, ...]:
+  """The sinks of `log` (a name of LIBRARIES, or a sequence of them) as a tuple, in order;
+  ConfigError for an unknown or repeated name, or a sink whose libraries are not installed
+  (saying how to install them). Imports nothing."""
+  names = (log,) if isinstance(log, str) else tuple(log or ())
+  for name in names:
+    if name not in LIBRARIES:
+      raise cfg.ConfigError(f"--log {name!r} is not a tracker: choose from "
+                            f"{', '.join(LIBRARIES)} (repeat --log for both)")
+  if len(set(names)) < len(names):
+    raise cfg.ConfigError(f"--log names a tracker twice ({', '.join(names)}): give each once")
+  for name in names:
+    missing = [m for m in LIBRARIES[name] if importlib.util.find_spec(m) is None]
+    if missing:
+      raise cfg.ConfigError(f"--log {name} needs {', '.join(missing)}, which is not "
+                            f"installed: {INSTALL}")
+  return names
+
+
+def _number(value) -> float | None:
+  """`value` as a float where it is a number (not a bool, not text), else None."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+    return None
+  return float(value)
+
+
+def _hparam(value):
+  """`value` as a TensorBoard HParams value: a float, a bool or text."""
+  if isinstance(value, (bool, np.bool_)):
+    return bool(value)
+  number = _number(value)
+  return str(value) if number is None else number
+
+
+class TensorBoard:
+  """Event files under DIR/tensorboard: run NAME in DIR/tensorboard/NAME (tensorboardX's
+  SummaryWriter); the HParams experiment in DIR/tensorboard itself."""
+
+  def __init__(self, path: str):
+    from tensorboard.backend.event_processing import event_accumulator
+    self.path, self.writers = os.path.join(path, "tensorboard"), {}
+    self.logged = {}  # {run name: {(tag, step)}} already in the files
+    for folder, _, names in os.walk(self.path):
+      if folder != self.path and any(".tfevents." in n for n in names):
+        events = event_accumulator.EventAccumulator(
+            folder, size_guidance={event_accumulator.SCALARS: 0})
+        events.Reload()
+        self.logged[os.path.relpath(folder, self.path)] = {
+            (tag, event.step) for tag in events.Tags()["scalars"]
+            for event in events.Scalars(tag)}
+
+  def _writer(self, name: str):
+    if name not in self.writers:
+      from tensorboardX import SummaryWriter
+      self.writers[name] = SummaryWriter(os.path.join(self.path, name), flush_secs=3600)
+    return self.writers[name]
+
+  def log(self, name: str, settings: dict, values: list[tuple]) -> None:
+    """Writes `values` [(tag, step, value)] into run `name` (`settings` unused here)."""
+    del settings
+    writer = self._writer(name)
+    for tag, step, value in values:
+      writer.add_scalar(tag, value, global_step=step)
+
+  def flush(self) -> None:
+    for writer in self.writers.values():
+      writer.flush()
+
+  def finish(self, settings: dict[str, dict], metrics: list[str]) -> None:
+    """The HParams plugin's summaries: each run's `settings[name]` (its session), and the
+    experiment (every setting's values, the `metrics` tags) in DIR/tensorboard."""
+    from tensorboardX import SummaryWriter
+    from tensorboardX.summary import hparams
+    for name, values in settings.items():
+      _, start, end = hparams({k: _hparam(v) for k, v in values.items()}, {})
+      for summary in (start, end):
+        self._writer(name).file_writer.add_summary(summary)
+    keys = {key: _hparam(value) for values in settings.values() for key, value in values.items()}
+    experiment, _, _ = hparams(keys, dict.fromkeys(metrics, 0.0))
+    with SummaryWriter(self.path) as writer:
+      writer.file_writer.add_summary(experiment)
+
+  def close(self) -> None:
+    for writer in self.writers.values():
+      writer.close()
+    self.writers = {}
+
+
+class MLflow:
+  """An MLflow store in DIR/mlflow.db (sqlite), experiment `experiment`: run NAME has the
+  run name and tag `fedjax_rep.run` NAME, its settings as params. Values wait at most
+  MLFLOW_SECONDS before they are written."""
+
+  def __init__(self, path: str, experiment: str):
+    from mlflow.tracking import MlflowClient
+    for name in ("mlflow", "alembic"):  # their set-up lines on stderr
+      logging.getLogger(name).setLevel(logging.WARNING)
+    self.uri = "sqlite:///" + os.path.abspath(os.path.join(path, "mlflow.db"))
+    self.client = MlflowClient(tracking_uri=self.uri)
+    found = self.client.get_experiment_by_name(experiment)
+    self.experiment = (found.experiment_id if found
+                       else self.client.create_experiment(experiment))
+    self.runs, self.logged, self.pending, self.sent = {}, {}, {}, time.monotonic()
+    for run in self.client.search_runs([self.experiment], max_results=50000):
+      name = run.data.tags.get("fedjax_rep.run")
+      if name is not None:
+        self.runs[name] = run.info.run_id
+        self.logged[name] = {(key, m.step) for key in run.data.metrics
+                             for m in self.client.get_metric_history(run.info.run_id, key)}
+
+  def _run(self, name: str, settings: dict) -> str:
+    if name not in self.runs:
+      from mlflow.entities import Param
+      run = self.client.create_run(self.experiment, run_name=name,
+                                   tags={"fedjax_rep.run": name})
+      self.runs[name] = run.info.run_id
+      self.client.log_batch(run.info.run_id, params=[Param(k, str(v))
+                                                     for k, v in settings.items()])
+    return self.runs[name]
+
+  def log(self, name: str, settings: dict, values: list[tuple]) -> None:
+    """Queues `values` [(tag, step, value)] for run `name` (made with params `settings`)."""
+    self.pending.setdefault(self._run(name, settings), []).extend(values)
+    if time.monotonic() - self.sent >= MLFLOW_SECONDS:
+      self.flush()
+
+  def flush(self) -> None:
+    from mlflow.entities import Metric
+    stamp = int(time.time() * 1000)
+    for run_id, values in self.pending.items():
+      metrics = [Metric(tag, value, stamp, step) for tag, step, value in values]
+      for start in range(0, len(metrics), 1000):  # MLflow's batch limit
+        self.client.log_batch(run_id, metrics=metrics[start:start + 1000])
+    self.pending, self.sent = {}, time.monotonic()
+
+  def finish(self, settings: dict[str, dict], metrics: list[str]) -> None:
+    """Marks every run of `settings` finished (their params were logged as they began)."""
+    del metrics
+    self.flush()
+    for name in settings:
+      if name in self.runs:
+        self.client.set_terminated(self.runs[name])
+
+  def close(self) -> None:
+    self.flush()
+
+
+class Tracker:
+  """The sinks `sinks` (`check`) of a run of recipe `recipe` into directory `path`; with
+  `fresh`, their earlier logs there are deleted first (a run started over).
+
+  A tracked run is named by its columns (a metrics.csv row's, or those `live` is given):
+  'ALGORITHM[/SETTINGS][/GRID]/seedSEED', SETTINGS the columns that are fields of the
+  configuration `config` (e.g. num_clients=100,classes_per_client=2) but the swept keys
+  `grid`, GRID its combination of them (lr=0.03), from the columns or, for those not
+  traced, from `combination` (set by the runner for each call of the recipe's run).
+  """
+
+  def __init__(self, path: str, sinks: tuple[str, ...], *, recipe: str, config, grid=(),
+               fresh: bool = False):
+    if fresh:
+      shutil.rmtree(os.path.join(path, "tensorboard"), ignore_errors=True)
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(path, "mlflow.db"))
+    self.grid, self.combination, self.settings = tuple(grid), {}, {}
+    self.fields = [key for key in cfg.fields(type(config))
+                   if key not in (*self.grid, "algorithm", "seed", "round")]
+    self.sinks = [TensorBoard(path) if name == "tensorboard" else MLflow(path, recipe)
+                  for name in sinks]
+
+  def run(self, columns: dict) -> tuple[str, dict]:
+    """(name, settings) of the tracked run of `columns` (see the class)."""
+    columns = {**self.combination, **columns}
+    setting = {key: columns[key] for key in self.fields if key in columns}
+    swept = {key: columns[key] for key in self.grid if key in columns}
+    parts = [str(columns["algorithm"]), cfg.combination_label(setting, ","),
+             cfg.combination_label(swept, ","), f"seed{columns['seed']}"]
+    name = "/".join(part for part in parts if part)
+    return name, {"algorithm": columns["algorithm"], "seed": columns["seed"], **setting,
+                  **swept}
+
+  def log(self, columns: dict, step: int, values: dict) -> None:
+    """Logs `values` {tag: number} at round `step` into the run of `columns`, in each sink
+    that does not hold them yet; values that are not numbers are left out."""
+    name, settings = self.run(columns)
+    self.settings.setdefault(name, settings)
+    numbers = {tag: _number(value) for tag, value in values.items()}
+    numbers = {tag: number for tag, number in numbers.items() if number is not None}
+    for sink in self.sinks:
+      logged = sink.logged.setdefault(name, set())
+      new = [(tag, step, number) for tag, number in numbers.items()
+             if (tag, step) not in logged]
+      if new:
+        logged.update((tag, step) for tag, step, _ in new)
+        sink.log(name, settings, new)
+
+  def live(self, members: list[dict]):
+    """A `loop.run` callback logging each chunk's metrics and evaluation of the runs of a
+    sweep axis whose columns are `members` (one dict per run: algorithm, seed, settings,
+    traced combination)."""
+
+    def callback(chunk) -> None:
+      runs = len(members)
+      metrics = {tag: np.reshape(v, (runs, -1)) for tag, v in chunk.metrics.items()}
+      evaluation = {tag: np.reshape(v, (runs,)) for tag, v in chunk.eval_metrics.items()}
+      for i, columns in enumerate(members):
+        for j, step in enumerate(chunk.rounds):
+          values = {tag: v[i, j] for tag, v in metrics.items()}
+          if j == len(chunk.rounds) - 1:
+            values.update({tag: v[i] for tag, v in evaluation.items()})
+          self.log(columns, int(step), values)
+      self.flush()
+
+    return callback
+
+  def rows(self, rows: list[dict]) -> None:
+    """Logs every metric of metrics.csv's `rows` at its round (those not logged already):
+    the columns that are not algorithm, seed, round, grid, a swept key or a setting."""
+    names = {"algorithm", "seed", "round", "grid", *self.grid, *self.fields}
+    for row in rows:
+      self.log(row, int(row.get("round", 0)),
+               {k: v for k, v in row.items() if k not in names})
+    self.flush()
+
+  def finish(self, entries: list[dict]) -> None:
+    """Adds the summary table `entries` (rows with algorithm, maybe settings and swept keys)
+    to the runs they describe, as metrics SUMMARY + NAME at each run's last round, then the
+    settings (HParams, run params) and the runs' end."""
+    last = {}
+    for sink in self.sinks:
+      for name, logged in sink.logged.items():
+        last[name] = max([last.get(name, 0)] + [step for _, step in logged])
+    tags = set()
+    for name, settings in self.settings.items():
+      for entry in entries:
+        if all(entry[key] == value for key, value in settings.items() if key in entry):
+          values = {SUMMARY + k: v for k, v in entry.items()
+                    if k not in settings and _number(v) is not None and
+                    math.isfinite(_number(v))}
+          tags.update(values)
+          self.log(settings, last.get(name, 0), values)
+    for sink in self.sinks:
+      sink.finish(self.settings, sorted(tags))
+    self.flush()
+
+  def flush(self) -> None:
+    for sink in self.sinks:
+      sink.flush()
+
+  def close(self) -> None:
+    for sink in self.sinks:
+      sink.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def check_new(path: str) -> None:
+  """ConfigError when directory `path` already holds a tracker's logs (DIR/tensorboard or
+  DIR/mlflow.db), which a new run's would mix with."""
+  held = [name for name in ("tensorboard", "mlflow.db")
+          if os.path.exists(os.path.join(path, name))]
+  if held:
+    raise cfg.ConfigError(f"log_dir {path} already holds {' and '.join(held)} of another run: "
+                          f"give a new log_dir")
+
+
+_ACTIVE = []  # the Tracker of the recipe running now, if any
+
+
+@contextlib.contextmanager
+def active(tracker: Tracker | None):
+  """Makes `tracker` the one `live` gives callbacks of, for the block (None: none)."""
+  _ACTIVE.append(tracker)
+  try:
+    yield tracker
+  finally:
+    _ACTIVE.pop()
+
+
+def live(members: list[dict]) -> tuple:
+  """`loop.run`'s callbacks that log the runs `members` (`Tracker.live`) into the active
+  tracker; none where there is none."""
+  tracker = _ACTIVE[-1] if _ACTIVE else None
+  return () if tracker is None else (tracker.live(members),)
