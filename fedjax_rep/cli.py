@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
                    choices=("tensorboard", "mlflow"),
                    help="also log the runs, as they compute, to TRACKER: tensorboard (event "
                    "files in OUT/tensorboard) or mlflow (OUT/mlflow.db); repeatable; needs "
-                   "pip install 'fedjax_rep[tracking]'; recorded in config.json, and --resume "
+                   "pip install '.[tracking]'; recorded in config.json, and --resume "
                    "continues the logs")
   run.add_argument("--out", default=None, help="output directory (default runs/RECIPE-<time>); "
                    "an existing one with the same configuration and grid is resumed")

@@ -160,7 +160,7 @@ def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(
     grid: {KEY: values} or 'KEY=V1,V2,...' items, as `--grid` takes them.
     progress: show a progress bar.
     log: trackers to log the runs to as they compute, 'tensorboard' and/or 'mlflow'
-      (`tracking`; needs `pip install 'fedjax_rep[tracking]'`).
+      (`tracking`; needs `pip install '.[tracking]'`).
     log_dir: where the trackers write (a new directory, or one without their logs;
       default runs/NAME-<date>-<time>).
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from fedjax_rep.experiments import config as cfg
 
-INSTALL = "pip install 'fedjax_rep[tracking]'"
+INSTALL = "pip install '.[tracking]' in fedjax_rep's checkout"
 # Each sink's libraries: tensorboardX writes the event files, tensorboard reads them back
 # (and shows them); MLflow's sqlite store needs sqlalchemy and alembic.
 LIBRARIES = {"tensorboard": ("tensorboardX", "tensorboard"),
@@ -73,7 +73,7 @@ class TensorBoard:
     for folder, _, names in os.walk(self.path):
       if folder != self.path and any(".tfevents." in n for n in names):
         events = event_accumulator.EventAccumulator(
-            folder, size_guidance={event_accumulator.SCALARS: 0})
+            folder, size_guidance={event_accumulator.SCALARS: 0}, purge_orphaned_data=False)
         events.Reload()
         self.logged[os.path.relpath(folder, self.path)] = {
             (tag, event.step) for tag in events.Tags()["scalars"]
@@ -82,7 +82,10 @@ class TensorBoard:
   def _writer(self, name: str):
     if name not in self.writers:
       from tensorboardX import SummaryWriter
-      self.writers[name] = SummaryWriter(os.path.join(self.path, name), flush_secs=3600)
+      # A file of its own (events.out.tfevents.SECONDS.HOST.NANOSECONDS), even where a
+      # resumed run's writer starts in the second of the one before.
+      self.writers[name] = SummaryWriter(os.path.join(self.path, name), flush_secs=3600,
+                                         filename_suffix=f".{time.time_ns()}")
     return self.writers[name]
 
   def log(self, name: str, settings: dict, values: list[tuple]) -> None:
@@ -107,7 +110,7 @@ class TensorBoard:
         self._writer(name).file_writer.add_summary(summary)
     keys = {key: _hparam(value) for values in settings.values() for key, value in values.items()}
     experiment, _, _ = hparams(keys, dict.fromkeys(metrics, 0.0))
-    with SummaryWriter(self.path) as writer:
+    with SummaryWriter(self.path, filename_suffix=f".{time.time_ns()}") as writer:
       writer.file_writer.add_summary(experiment)
 
   def close(self) -> None:
