@@ -3,6 +3,7 @@
   python benchmarks/quick_recipes.py                          # every recipe, one run each
   python benchmarks/quick_recipes.py digits-personalized table1-synthetic --baseline f9f733c
   python benchmarks/quick_recipes.py --json quick.json
+  python benchmarks/quick_recipes.py digits-personalized fedrep-fig3 --log tensorboard
 
 Each recipe runs once in a new process with `--no-compile-cache` (every program traced and
 compiled, as in a first run with an empty cache), timed whole, interpreter start included
@@ -14,7 +15,8 @@ right after this code does, in the same sitting; its columns follow, and the tim
 code over the baseline's. With `--flat-threefry`, each recipe also runs with that opt-in
 (`fedjax_rep/core/threefry.py`) right after, in the same sitting; its columns follow: its
 time, its compiling, its time over the default's, and whether its metrics.csv is byte-identical
-to the default run's. `--keep DIR` keeps each run's metrics.csv, config.json and
+to the default run's. `--log TRACKER` (repeatable) does the same with `--log TRACKER ...`
+(the trackers' cost; experiments/tracking.py). `--keep DIR` keeps each run's metrics.csv, config.json and
 figure in DIR/RECIPE. A run that fails is reported with its exit status (its own
 message goes to stderr).
 """
@@ -73,6 +75,9 @@ def main():
   parser.add_argument("--json", help="write the rows to this file")
   parser.add_argument("--flat-threefry", action="store_true",
                       help="also run each recipe with --flat-threefry")
+  parser.add_argument("--log", action="append", default=[], metavar="TRACKER",
+                      help="also run each recipe with --log TRACKER (repeatable: one run with "
+                      "every TRACKER given)")
   parser.add_argument("--keep", metavar="DIR",
                       help="keep each run's outputs (this code's) in DIR/RECIPE")
   args = parser.parse_args()
@@ -81,8 +86,11 @@ def main():
   header = f"{'recipe':<24} {'load':>5} {'s':>7} {'compiling':>9} {'share':>6} {'programs':>8}"
   if args.baseline:
     header += f" | {'base s':>7} {'base comp.':>10} {'share':>6} {'programs':>8} {'ratio':>6}"
-  if args.flat_threefry:
-    header += f" | {'flat s':>7} {'flat comp.':>10} {'ratio':>6} {'same':>5}"
+  variants = ([("flat", ["--flat-threefry"])] if args.flat_threefry else []) + (
+      [("log", [flag for tracker in args.log for flag in ("--log", tracker)])] if args.log
+      else [])
+  for variant, _ in variants:
+    header += f" | {variant + ' s':>7} {variant + ' comp.':>10} {'ratio':>6} {'same':>5}"
   print(header, flush=True)
   with tempfile.TemporaryDirectory() as work:
     baseline = None if args.baseline is None else recipe_time.extract(args.baseline, work)
@@ -98,15 +106,17 @@ def main():
                    baseline=args.baseline, ratio=row["seconds"] / base["seconds"])
         line += (f" | {base['seconds']:7.1f} {base['compiling']:10.1f} "
                  f"{100 * base['share']:5.0f}% {base['programs']:8d} {row['ratio']:6.2f}")
-      if args.flat_threefry:
-        flat = first_run(name, work, flags=["--flat-threefry"])
-        row.update({f"flat {k}": v for k, v in flat.items()},
-                   **{"flat ratio": flat["seconds"] / row["seconds"],
-                      "flat same": same_metrics(row["out"], flat["out"])})
-        line += (f" | {flat['seconds']:7.1f} {flat['compiling']:10.1f} "
-                 f"{row['flat ratio']:6.2f} {'yes' if row['flat same'] else 'NO':>5}")
+      for variant, flags in variants:
+        other = first_run(name, work, flags=flags)
+        row.update({f"{variant} {k}": v for k, v in other.items()},
+                   **{f"{variant} ratio": other["seconds"] / row["seconds"],
+                      f"{variant} same": same_metrics(row["out"], other["out"])})
+        line += (f" | {other['seconds']:7.1f} {other['compiling']:10.1f} "
+                 f"{row[variant + ' ratio']:6.2f} "
+                 f"{'yes' if row[variant + ' same'] else 'NO':>5}")
       print(line, flush=True)
-      for error in (row["error"], row.get("baseline error"), row.get("flat error")):
+      for error in (row["error"], row.get("baseline error"),
+                    *(row.get(f"{variant} error") for variant, _ in variants)):
         if error:
           print(f"  {name}: {error}", flush=True)
       rows.append(row)

@@ -6,6 +6,7 @@ import numpy as np
 
 from fedjax_rep.core import loop
 from fedjax_rep.experiments import plotting
+from fedjax_rep.experiments import tracking
 
 
 def concatenate(trees):
@@ -32,22 +33,32 @@ def run_keys(keys: jax.Array, index: jax.Array | None = None) -> jax.Array:
 
 
 def run_seeds(algorithm, data, hparams, keys, num_rounds, progress=True, desc=None,
-              hparams_axis=None):
+              hparams_axis=None, members=None):
   """Runs `algorithm` on every seed at once (one vmapped program); data has a seed axis
   (a leading sweep axis of runs), and so do hparams where hparams_axis=0. keys [runs, 3]
-  (seed_keys), or the run keys [runs] themselves (`run_keys`)."""
+  (seed_keys), or the run keys [runs] themselves (`run_keys`). With `members` (each run's
+  metrics.csv columns, `members`), the active tracker logs the runs as they compute."""
   keys = run_keys(keys) if keys.ndim == 2 else keys
   plotting.prefetch()  # the figure's library loads while the rounds run
   return loop.run(algorithm, data, hparams, keys, num_rounds,
-                  sweep_axes=(0, hparams_axis, 0), progress=progress, desc=desc)
+                  sweep_axes=(0, hparams_axis, 0), progress=progress, desc=desc,
+                  callbacks=tracking.live(members) if members else ())
 
 
-def trained(unit, algorithm, data, hparams, keys, num_rounds, progress, keep=("B",)):
-  """Cached unit '<name>-train': metrics [seeds, rounds] of `run_seeds`, plus the final
-  state's fields `keep` ([seeds, ...]) under their own names."""
+def members(algorithm: str, seeds: list[int], **columns) -> list[dict]:
+  """The metrics.csv columns of the runs of `algorithm` on `seeds`, in order, with
+  `columns` (as `round_rows` gives its rows): the runs a tracker logs (`tracking.live`)."""
+  return [{"algorithm": algorithm, "seed": seed, **columns} for seed in seeds]
+
+
+def trained(unit, algorithm, data, hparams, keys, num_rounds, progress, keep=("B",),
+            members=None):
+  """Cached unit '<name>-train': metrics [seeds, rounds] of `run_seeds` (logging `members`),
+  plus the final state's fields `keep` ([seeds, ...]) under their own names."""
 
   def compute():
-    result = run_seeds(algorithm, data, hparams, keys, num_rounds, progress, desc=algorithm.name)
+    result = run_seeds(algorithm, data, hparams, keys, num_rounds, progress, desc=algorithm.name,
+                       members=members)
     return {**result.metrics, **{k: np.asarray(getattr(result.state, k)) for k in keep}}
 
   return unit(f"{algorithm.name}-train", compute)

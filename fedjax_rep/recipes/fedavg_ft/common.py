@@ -51,5 +51,7 @@ def train(config, keys, local_steps: int, unit, progress: bool):
   algorithm = make_algorithm(name, rep_dim=config.rep_dim,
                              cohort=cohort_size(config.num_clients, config.participation),
                              init_method="random-scaled")
-  return name, data, shared.trained(unit, algorithm, data, linear.hparams(config), keys,
-                                   config.rounds, progress, keep=("B", "w"))
+  return name, data, shared.trained(
+      unit, algorithm, data, linear.hparams(config), keys, config.rounds, progress,
+      keep=("B", "w"), members=shared.members(name, config.seed_values(len(keys)),
+                                              local_steps=local_steps))

@@ -170,7 +170,8 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
     scale = config.local_steps // steps
     result = neural.trained_unit(unit, name, algorithm, clients, neural.hparams(config),
                                  run_keys, config.rounds * scale,
-                                 config.eval_every * scale, progress, keep_model=True)
+                                 config.eval_every * scale, progress, keep_model=True,
+                                 members=shared.members(name, seed_values, local_steps=steps))
     algorithm_rows = neural.rows(name, seed_values, result, local_steps=steps)
     for r in algorithm_rows:
       r["local_updates"] = r["round"] * steps

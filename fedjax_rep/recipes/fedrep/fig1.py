@@ -63,7 +63,8 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
           kernel=config.kernel if name == "fedrep" else "xla"), config)
       metrics = unit(f"{name}-m{m}", lambda: shared.run_seeds(
           algorithm, data, linear.hparams(config), keys, config.rounds, progress,
-          desc=f"{name} m={m}").metrics)
+          desc=f"{name} m={m}",
+          members=shared.members(name, seed_values, samples_per_client=m)).metrics)
       rows += shared.round_rows(name, seed_values, metrics, samples_per_client=m)
   return rows
 

@@ -76,7 +76,9 @@ def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> l
         algorithm, jax.tree.map(lambda leaf: np.take(np.asarray(leaf), index, axis=0), data),
         shared.concatenate([jax.tree.map(lambda x: x[None], h) for h in hparams]),
         shared.run_keys(keys, np.tile(np.arange(seeds), len(runs))), config.rounds, progress,
-        desc=f"n={label}", hparams_axis=0).metrics)
+        desc=f"n={label}", hparams_axis=0, members=[
+            m for c, name, n in runs
+            for m in shared.members(name, seed_values, **combos[c], num_clients=n)]).metrics)
     for r, run_key in enumerate(runs):
       curves[run_key] = {k: v[r * seeds:(r + 1) * seeds] for k, v in metrics.items()}
   return [row for c, combo in enumerate(combos) for n in config.num_clients

@@ -61,7 +61,8 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
           init_method=config.fedavg_init if name == "fedavg" else "moments",
           kernel=config.kernel if name == "fedrep" else "xla"), config)
       metrics = shared.trained(unit, algorithm, data, linear.hparams(config), keys,
-                               config.rounds, progress)
+                               config.rounds, progress,
+                               members=shared.members(name, seed_values))
       B = metrics.pop("B")
       rows += shared.round_rows(name, seed_values, metrics)
     errors = unit(f"{name}-new", lambda: {"new_client_error": np.asarray(new_client_errors(
