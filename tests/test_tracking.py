@@ -153,14 +153,14 @@ def test_a_small_run_logs_as_it_computes_and_its_logs_equal_metrics_csv(tmp_path
   """The rounds reach the event files while the run computes (each chunk, before the rows
   are logged), and the logs equal metrics.csv."""
   seen = []
-  original = tracking.Tracker.rows
+  original = tracking.Tracker._rows
 
-  def rows_logged(self, rows):
+  def rows_logged(self, rows, combination):
     seen.append({name: sorted(step for tag, step in logged if tag == "train_loss")
                  for name, logged in self.sinks[0].logged.items()})
-    original(self, rows)
+    original(self, rows, combination)
 
-  monkeypatch.setattr(tracking.Tracker, "rows", rows_logged)
+  monkeypatch.setattr(tracking.Tracker, "_rows", rows_logged)
   out = str(tmp_path / "run")
   assert cli.main(["run", *SMALL, "--set", "rounds=6", "--set", "eval_every=2", "--log",
                    "tensorboard", "--out", out]) == 0

@@ -8,11 +8,15 @@ back what it holds when it opens. At the end it adds the summary table's entries
 """
 
 import contextlib
+import functools
+import glob
 import importlib.util
 import logging
 import math
 import os
+import queue
 import shutil
+import threading
 import time
 
 import numpy as np
@@ -25,7 +29,9 @@ INSTALL = "pip install '.[tracking]' in fedjax_rep's checkout"
 LIBRARIES = {"tensorboard": ("tensorboardX", "tensorboard"),
              "mlflow": ("mlflow", "sqlalchemy", "alembic")}
 SUMMARY = "summary/"  # the prefix of the summary table's metrics
-MLFLOW_SECONDS = 5.0  # MLflow receives the rounds at most this often (and at the end)
+# The logs reach the files at most this many seconds after the rounds are computed (and at
+# the end): TensorBoard's writers flush, MLflow receives its batches, this often.
+SECONDS = 2.0
 
 
 def check(log) -> tuple[str, ...]:
@@ -70,30 +76,39 @@ class TensorBoard:
     from tensorboard.backend.event_processing import event_accumulator
     self.path, self.writers = os.path.join(path, "tensorboard"), {}
     self.logged = {}  # {run name: {(tag, step)}} already in the files
+    self.sessions = set()  # the runs whose files hold their HParams already
     for folder, _, names in os.walk(self.path):
       if folder != self.path and any(".tfevents." in n for n in names):
         events = event_accumulator.EventAccumulator(
             folder, size_guidance={event_accumulator.SCALARS: 0}, purge_orphaned_data=False)
         events.Reload()
-        self.logged[os.path.relpath(folder, self.path)] = {
-            (tag, event.step) for tag in events.Tags()["scalars"]
-            for event in events.Scalars(tag)}
+        name = os.path.relpath(folder, self.path)
+        self.logged[name] = {(tag, event.step) for tag in events.Tags()["scalars"]
+                             for event in events.Scalars(tag)}
+        with contextlib.suppress(KeyError):  # KeyError: no HParams in the files
+          events.PluginTagToContent("hparams")
+          self.sessions.add(name)
 
   def _writer(self, name: str):
     if name not in self.writers:
       from tensorboardX import SummaryWriter
       # A file of its own (events.out.tfevents.SECONDS.HOST.NANOSECONDS), even where a
       # resumed run's writer starts in the second of the one before.
-      self.writers[name] = SummaryWriter(os.path.join(self.path, name), flush_secs=3600,
-                                         filename_suffix=f".{time.time_ns()}")
+      self.writers[name] = SummaryWriter(os.path.join(self.path, name), flush_secs=SECONDS,
+                                         max_queue=1000, filename_suffix=f".{time.time_ns()}")
     return self.writers[name]
 
   def log(self, name: str, settings: dict, values: list[tuple]) -> None:
-    """Writes `values` [(tag, step, value)] into run `name` (`settings` unused here)."""
+    """Writes `values` [(tag, step, value)] into run `name` (`settings` unused here): one
+    event per step, holding its scalars."""
+    from tensorboardX.proto.summary_pb2 import Summary
     del settings
-    writer = self._writer(name)
+    steps = {}
     for tag, step, value in values:
-      writer.add_scalar(tag, value, global_step=step)
+      steps.setdefault(step, []).append(Summary.Value(tag=tag, simple_value=value))
+    writer = self._writer(name).file_writer
+    for step, scalars in steps.items():
+      writer.add_summary(Summary(value=scalars), global_step=step)
 
   def flush(self) -> None:
     for writer in self.writers.values():
@@ -105,11 +120,16 @@ class TensorBoard:
     from tensorboardX import SummaryWriter
     from tensorboardX.summary import hparams
     for name, values in settings.items():
+      if name in self.sessions:
+        continue
+      self.sessions.add(name)
       _, start, end = hparams({k: _hparam(v) for k, v in values.items()}, {})
       for summary in (start, end):
         self._writer(name).file_writer.add_summary(summary)
     keys = {key: _hparam(value) for values in settings.values() for key, value in values.items()}
     experiment, _, _ = hparams(keys, dict.fromkeys(metrics, 0.0))
+    for stale in glob.glob(os.path.join(self.path, "*.tfevents.*")):
+      os.unlink(stale)  # the experiment of an earlier finish: this one lists every run
     with SummaryWriter(self.path, filename_suffix=f".{time.time_ns()}") as writer:
       writer.file_writer.add_summary(experiment)
 
@@ -122,7 +142,7 @@ class TensorBoard:
 class MLflow:
   """An MLflow store in DIR/mlflow.db (sqlite), experiment `experiment`: run NAME has the
   run name and tag `fedjax_rep.run` NAME, its settings as params. Values wait at most
-  MLFLOW_SECONDS before they are written."""
+  SECONDS before they are written."""
 
   def __init__(self, path: str, experiment: str):
     from mlflow.tracking import MlflowClient
@@ -154,7 +174,7 @@ class MLflow:
   def log(self, name: str, settings: dict, values: list[tuple]) -> None:
     """Queues `values` [(tag, step, value)] for run `name` (made with params `settings`)."""
     self.pending.setdefault(self._run(name, settings), []).extend(values)
-    if time.monotonic() - self.sent >= MLFLOW_SECONDS:
+    if time.monotonic() - self.sent >= SECONDS:
       self.flush()
 
   def flush(self) -> None:
@@ -187,23 +207,60 @@ class Tracker:
   configuration `config` (e.g. num_clients=100,classes_per_client=2) but the swept keys
   `grid`, GRID its combination of them (lr=0.03), from the columns or, for those not
   traced, from `combination` (set by the runner for each call of the recipe's run).
+
+  The sinks are opened, written and closed by a thread of the tracker's own, in the order
+  the calls came, so that the rounds go on while it writes; `finish` and `close` wait for
+  it, and raise what it raised.
   """
 
   def __init__(self, path: str, sinks: tuple[str, ...], *, recipe: str, config, grid=(),
                fresh: bool = False):
+    self.grid, self.combination, self.settings = tuple(grid), {}, {}
+    self.fields = [key for key in cfg.fields(type(config))
+                   if key not in (*self.grid, "algorithm", "seed", "round")]
+    self.sinks, self._failed, self._work = [], None, queue.Queue()
+    self._thread = threading.Thread(target=self._serve, name="fedjax-rep tracker",
+                                    daemon=True)
+    self._thread.start()
+    self._submit(self._open, path, sinks, recipe, fresh)
+    self._wait()
+
+  def _open(self, path, sinks, recipe, fresh) -> None:
     if fresh:
       shutil.rmtree(os.path.join(path, "tensorboard"), ignore_errors=True)
       with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(path, "mlflow.db"))
-    self.grid, self.combination, self.settings = tuple(grid), {}, {}
-    self.fields = [key for key in cfg.fields(type(config))
-                   if key not in (*self.grid, "algorithm", "seed", "round")]
     self.sinks = [TensorBoard(path) if name == "tensorboard" else MLflow(path, recipe)
                   for name in sinks]
 
-  def run(self, columns: dict) -> tuple[str, dict]:
-    """(name, settings) of the tracked run of `columns` (see the class)."""
-    columns = {**self.combination, **columns}
+  def _serve(self) -> None:
+    """The tracker's thread: runs the submitted calls in order (none after one failed)
+    until it gets None."""
+    while (task := self._work.get()) is not None:
+      try:
+        if self._failed is None:
+          task()
+      except BaseException as error:  # raised by the next call that waits (`_wait`)
+        self._failed = error
+      finally:
+        self._work.task_done()
+    self._work.task_done()
+
+  def _submit(self, function, *args) -> None:
+    self._work.put(functools.partial(function, *args))
+
+  def _wait(self) -> None:
+    """Waits until the tracker's thread has done every call submitted; raises what one of
+    them raised."""
+    self._work.join()
+    if self._failed is not None:
+      error, self._failed = self._failed, None
+      raise error
+
+  def run(self, columns: dict, combination=None) -> tuple[str, dict]:
+    """(name, settings) of the tracked run of `columns` (see the class), with the swept
+    keys `combination` (default the tracker's) where the columns lack them."""
+    columns = {**(self.combination if combination is None else combination), **columns}
     setting = {key: columns[key] for key in self.fields if key in columns}
     swept = {key: columns[key] for key in self.grid if key in columns}
     parts = [str(columns["algorithm"]), cfg.combination_label(setting, ","),
@@ -212,13 +269,12 @@ class Tracker:
     return name, {"algorithm": columns["algorithm"], "seed": columns["seed"], **setting,
                   **swept}
 
-  def log(self, columns: dict, step: int, values: dict) -> None:
-    """Logs `values` {tag: number} at round `step` into the run of `columns`, in each sink
-    that does not hold them yet; values that are not numbers are left out."""
-    name, settings = self.run(columns)
+  def _log(self, name: str, settings: dict, step: int, values: dict) -> None:
+    """Logs `values` {tag: value} at round `step` into run `name` (of `settings`), in each
+    sink that does not hold them yet; values that are not numbers are left out."""
+    numbers = {tag: number for tag, value in values.items()
+               if (number := _number(value)) is not None}
     self.settings.setdefault(name, settings)
-    numbers = {tag: _number(value) for tag, value in values.items()}
-    numbers = {tag: number for tag, number in numbers.items() if number is not None}
     for sink in self.sinks:
       logged = sink.logged.setdefault(name, set())
       new = [(tag, step, number) for tag, number in numbers.items()
@@ -231,34 +287,40 @@ class Tracker:
     """A `loop.run` callback logging each chunk's metrics and evaluation of the runs of a
     sweep axis whose columns are `members` (one dict per run: algorithm, seed, settings,
     traced combination)."""
+    runs = [self.run(columns) for columns in members]
+    return lambda chunk: self._submit(self._chunk, runs, chunk)
 
-    def callback(chunk) -> None:
-      runs = len(members)
-      metrics = {tag: np.reshape(v, (runs, -1)) for tag, v in chunk.metrics.items()}
-      evaluation = {tag: np.reshape(v, (runs,)) for tag, v in chunk.eval_metrics.items()}
-      for i, columns in enumerate(members):
-        for j, step in enumerate(chunk.rounds):
-          values = {tag: v[i, j] for tag, v in metrics.items()}
-          if j == len(chunk.rounds) - 1:
-            values.update({tag: v[i] for tag, v in evaluation.items()})
-          self.log(columns, int(step), values)
-      self.flush()
-
-    return callback
+  def _chunk(self, runs: list[tuple], chunk) -> None:
+    metrics = {tag: np.reshape(v, (len(runs), -1)).tolist() for tag, v in chunk.metrics.items()}
+    evaluation = {tag: np.reshape(v, (len(runs),)).tolist()
+                  for tag, v in chunk.eval_metrics.items()}
+    steps = chunk.rounds.tolist()
+    for i, (name, settings) in enumerate(runs):
+      for j, step in enumerate(steps):
+        values = {tag: v[i][j] for tag, v in metrics.items()}
+        if j == len(steps) - 1:
+          values.update({tag: v[i] for tag, v in evaluation.items()})
+        self._log(name, settings, step, values)
 
   def rows(self, rows: list[dict]) -> None:
     """Logs every metric of metrics.csv's `rows` at its round (those not logged already):
     the columns that are not algorithm, seed, round, grid, a swept key or a setting."""
+    self._submit(self._rows, rows, dict(self.combination))
+
+  def _rows(self, rows: list[dict], combination: dict) -> None:
     names = {"algorithm", "seed", "round", "grid", *self.grid, *self.fields}
     for row in rows:
-      self.log(row, int(row.get("round", 0)),
-               {k: v for k, v in row.items() if k not in names})
-    self.flush()
+      self._log(*self.run(row, combination), int(row.get("round", 0)),
+                {k: v for k, v in row.items() if k not in names})
 
   def finish(self, entries: list[dict]) -> None:
     """Adds the summary table `entries` (rows with algorithm, maybe settings and swept keys)
     to the runs they describe, as metrics SUMMARY + NAME at each run's last round, then the
-    settings (HParams, run params) and the runs' end."""
+    settings (HParams, run params) and the runs' end; returns once all is written."""
+    self._submit(self._finish, entries)
+    self._wait()
+
+  def _finish(self, entries: list[dict]) -> None:
     last = {}
     for sink in self.sinks:
       for name, logged in sink.logged.items():
@@ -271,18 +333,21 @@ class Tracker:
                     if k not in settings and _number(v) is not None and
                     math.isfinite(_number(v))}
           tags.update(values)
-          self.log(settings, last.get(name, 0), values)
+          self._log(name, settings, last.get(name, 0), values)
     for sink in self.sinks:
       sink.finish(self.settings, sorted(tags))
-    self.flush()
-
-  def flush(self) -> None:
-    for sink in self.sinks:
       sink.flush()
 
   def close(self) -> None:
-    for sink in self.sinks:
-      sink.close()
+    """Writes what is left, closes the sinks and ends the tracker's thread."""
+    if not self._thread.is_alive():
+      return
+    self._submit(lambda: [sink.close() for sink in self.sinks])
+    self._work.put(None)
+    self._thread.join()
+    if self._failed is not None:
+      error, self._failed = self._failed, None
+      raise error
 
   def __enter__(self):
     return self
