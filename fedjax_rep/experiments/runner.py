@@ -104,13 +104,13 @@ def _track(tracker, recipe, rows: list[dict]) -> None:
                   for row in rows])
 
 
-def _tracker(log, path, name, config, swept, fresh):
-  """The `tracking.Tracker` of sinks `log` in `path` for recipe `name`'s run of `config`
-  over `swept` (process 0 of a job only; a context manager that closes it), or a context of
+def _tracker(log, path, name, swept, fresh):
+  """The `tracking.Tracker` of sinks `log` in `path` for recipe `name`'s run over the
+  sweep `swept` (process 0 of a job only; a context manager that closes it), or a context of
   None without sinks."""
   if not log or not distributed.is_writer():
     return contextlib.nullcontext()
-  return tracking.Tracker(path, log, recipe=name, config=config, grid=swept.grid, fresh=fresh)
+  return tracking.Tracker(path, log, recipe=name, grid=swept.grid, fresh=fresh)
 
 
 def _finish(tracker, recipe, rows, config, swept) -> None:
@@ -174,7 +174,7 @@ def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(
   log_dir = default_out(name) if log_dir is None else log_dir
   if log:
     tracking.check_new(log_dir)
-  with _tracker(log, log_dir, name, config, swept, fresh=False) as tracker:
+  with _tracker(log, log_dir, name, swept, fresh=False) as tracker:
     rows = _sweep(recipe, config, seeds, swept, _call_unit, progress, tracker)
     _finish(tracker, recipe, rows, config, swept)
   _say_diverged(rows)
@@ -258,7 +258,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
             "versions": outputs.versions()},
       overwrite=overwrite, every_rounds=checkpoint_rounds,
       every_seconds=checkpoint_seconds) as run_dir, _tracker(
-          log, out, name, config, swept, fresh=overwrite) as tracker:
+          log, out, name, swept, fresh=overwrite) as tracker:
     rows = _sweep(recipe, config, seeds, swept, run_dir.unit, progress, tracker)
     columns = (*grid, "grid") if grid else ()
     run_dir.write_csv("metrics.csv", [{k: v for k, v in row.items()

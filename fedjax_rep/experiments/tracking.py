@@ -203,21 +203,19 @@ class Tracker:
   `fresh`, their earlier logs there are deleted first (a run started over).
 
   A tracked run is named by its columns (a metrics.csv row's, or those `live` is given):
-  'ALGORITHM[/SETTINGS][/GRID]/seedSEED', SETTINGS the columns that are fields of the
-  configuration `config` (e.g. num_clients=100,classes_per_client=2) but the swept keys
-  `grid`, GRID its combination of them (lr=0.03), from the columns or, for those not
-  traced, from `combination` (set by the runner for each call of the recipe's run).
+  'ALGORITHM[/SETTINGS][/GRID]/seedSEED'. GRID is its combination of the swept keys `grid`
+  (lr=0.03), from the columns or, for those not traced, from `combination` (set by the
+  runner for each call of the recipe's run); SETTINGS its other columns (e.g.
+  num_clients=100,classes_per_client=2; `setting_keys`).
 
   The sinks are opened, written and closed by a thread of the tracker's own, in the order
   the calls came, so that the rounds go on while it writes; `finish` and `close` wait for
   it, and raise what it raised.
   """
 
-  def __init__(self, path: str, sinks: tuple[str, ...], *, recipe: str, config, grid=(),
+  def __init__(self, path: str, sinks: tuple[str, ...], *, recipe: str, grid=(),
                fresh: bool = False):
     self.grid, self.combination, self.settings = tuple(grid), {}, {}
-    self.fields = [key for key in cfg.fields(type(config))
-                   if key not in (*self.grid, "algorithm", "seed", "round")]
     self.sinks, self._failed, self._work = [], None, queue.Queue()
     self._thread = threading.Thread(target=self._serve, name="fedjax-rep tracker",
                                     daemon=True)
@@ -257,11 +255,12 @@ class Tracker:
       error, self._failed = self._failed, None
       raise error
 
-  def run(self, columns: dict, combination=None) -> tuple[str, dict]:
-    """(name, settings) of the tracked run of `columns` (see the class), with the swept
-    keys `combination` (default the tracker's) where the columns lack them."""
+  def run(self, columns: dict, keys, combination=None) -> tuple[str, dict]:
+    """(name, settings) of the tracked run of `columns` (see the class) whose setting is
+    its `keys`, with the swept keys `combination` (default the tracker's) where the
+    columns lack them."""
     columns = {**(self.combination if combination is None else combination), **columns}
-    setting = {key: columns[key] for key in self.fields if key in columns}
+    setting = {key: columns[key] for key in keys if key not in self.grid}
     swept = {key: columns[key] for key in self.grid if key in columns}
     parts = [str(columns["algorithm"]), cfg.combination_label(setting, ","),
              cfg.combination_label(swept, ","), f"seed{columns['seed']}"]
@@ -287,7 +286,8 @@ class Tracker:
     """A `loop.run` callback logging each chunk's metrics and evaluation of the runs of a
     sweep axis whose columns are `members` (one dict per run: algorithm, seed, settings,
     traced combination)."""
-    runs = [self.run(columns) for columns in members]
+    runs = [self.run(columns, [k for k in columns if k not in ("algorithm", "seed")])
+            for columns in members]
     return lambda chunk: self._submit(self._chunk, runs, chunk)
 
   def _chunk(self, runs: list[tuple], chunk) -> None:
@@ -304,13 +304,15 @@ class Tracker:
 
   def rows(self, rows: list[dict]) -> None:
     """Logs every metric of metrics.csv's `rows` at its round (those not logged already):
-    the columns that are not algorithm, seed, round, grid, a swept key or a setting."""
+    the columns that are not algorithm, seed, round, grid, a swept key or a setting
+    (`setting_keys`)."""
     self._submit(self._rows, rows, dict(self.combination))
 
   def _rows(self, rows: list[dict], combination: dict) -> None:
-    names = {"algorithm", "seed", "round", "grid", *self.grid, *self.fields}
     for row in rows:
-      self._log(*self.run(row, combination), int(row.get("round", 0)),
+      keys = setting_keys(row)
+      names = {"algorithm", "seed", "round", "grid", *self.grid, *keys}
+      self._log(*self.run(row, keys, combination), int(row.get("round", 0)),
                 {k: v for k, v in row.items() if k not in names})
 
   def finish(self, entries: list[dict]) -> None:
@@ -354,6 +356,19 @@ class Tracker:
 
   def __exit__(self, *exc):
     self.close()
+
+
+def setting_keys(row: dict) -> list[str]:
+  """The columns of a metrics.csv row that say which run it is of, besides algorithm and
+  seed: those between `round` and `diverged_round` in a row of a run's rounds (as
+  `shared.round_rows` gives them, and `runner.diverged_lines` names runs), else (a row of
+  what a recipe computes besides, e.g. a fine-tuning error per number of samples) its
+  columns after `round` that are not floats."""
+  keys = list(row)
+  after = keys[keys.index("round") + 1:] if "round" in row else keys
+  if "diverged_round" in after:
+    return after[:after.index("diverged_round")]
+  return [k for k in after if k != "grid" and not isinstance(row[k], (float, np.floating))]
 
 
 def check_new(path: str) -> None:
