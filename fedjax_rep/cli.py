@@ -255,11 +255,10 @@ def main(argv=None) -> int:
 
 def _print_table(path: str) -> None:
   """Prints the CSV file `path` as aligned columns."""
+  from fedjax_rep.experiments import csv_tables
   with open(path) as f:
     table = list(csv.reader(f))
-  widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-  for row in table:
-    print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+  print(csv_tables.aligned(table))
 
 
 def _needs_supervisor() -> bool:
