@@ -280,9 +280,11 @@ def choose_metric(runs: list[Run], metric: str | None = None) -> str:
 def _series(run: Run, metric: str) -> dict:
   """{(algorithm, grid label, settings text): rows} of the run's rows that have a value of
   `metric`, in their order: one line each in the figure (settings text: 'KEY=VALUE, ...'
-  of the run's `_settings` columns that take several values, e.g. 'num_clients=100')."""
-  settings = [key for key in _settings(run)
-              if len({r[key] for r in run.rows if r[key] != ""}) > 1]
+  of the run's `_settings` columns that take several values, e.g. 'num_clients=100', but
+  the grid's keys, which its label names)."""
+  grid = run.saved.get("grid") or {}
+  settings = [key for key in _settings(run) if key not in grid
+              and len({r[key] for r in run.rows if r[key] != ""}) > 1]
   series = {}
   for row in run.rows:
     if row.get(metric, "") == "":
@@ -307,7 +309,8 @@ def plot(runs: list[Run], metric: str, keys: list[str], file) -> None:
   figures draw it) of each (run, algorithm, grid label, setting), over the rounds that
   have a value of the metric; a colour per (algorithm, grid label, setting), a line style
   per run; the legend below names each line's run (with its values of `keys` where they
-  are short) and algorithm (and its grid label and setting). A log y axis where the values are positive and span over two decades.
+  are short) and algorithm (and its grid label and setting). A log y axis where the values
+  are positive and span over two decades.
 
   Args:
     runs: the runs to compare.
