@@ -233,6 +233,9 @@ def test_every_directory_is_checked_before_any_work(tmp_path):
   assert message.endswith("give the --out directories of finished `fedjax-rep run` runs, "
                           "each once")
   assert good not in message and not figure.exists()
+  (tmp_path / "file").write_text("")
+  with pytest.raises(cfg.ConfigError, match="file is a file, not a run directory"):
+    compare.check_dirs([good, str(tmp_path / "file")])
   with pytest.raises(cfg.ConfigError, match="are one directory"):
     compare.check_dirs([good, good + "/"])
   with pytest.raises(cfg.ConfigError, match="two run directories or more, got 1"):

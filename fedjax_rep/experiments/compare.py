@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 
 from fedjax_rep.core import files
 from fedjax_rep.experiments import config as cfg
@@ -46,12 +47,13 @@ def _problem(path: str) -> str | None:
   """Why `path` is not a run directory that compare can read, or None where it is one."""
   if not os.path.exists(path):
     return f"{path} does not exist"
+  if not os.path.isdir(path):
+    return f"{path} is a file, not a run directory"
   if not os.path.isfile(os.path.join(path, "config.json")):
-    kind = "a directory" if os.path.isdir(path) else "a file"
-    return f"{path} is not a run directory ({kind} without a config.json)"
+    return f"{path} is not a run directory (a directory without a config.json)"
   if not os.path.isfile(os.path.join(path, "metrics.csv")):
     return (f"{path} has no metrics.csv yet (the run has not finished: finish it with "
-            f"`fedjax-rep run --resume {path}`)")
+            f"`fedjax-rep run --resume {shlex.quote(path)}`)")
   return None
 
 
