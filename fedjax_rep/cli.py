@@ -1,5 +1,5 @@
 """The `fedjax-rep` command: `list` recipes and algorithms, `run` a recipe (over a grid of
-settings with `--grid KEY=V1,V2,...`), check `data`."""
+settings with `--grid KEY=V1,V2,...`), check `data`, `compare` run directories."""
 
 import argparse
 import csv
@@ -130,6 +130,19 @@ def _parser() -> argparse.ArgumentParser:
                    "for every program this process compiles (the same numbers, shorter "
                    "compiling; recorded in config.json as code.threefry and "
                    "code.threefry_scope; fedjax_rep/core/threefry.py)")
+  comparing = commands.add_parser(
+      "compare", help="set runs side by side: the configuration keys that differ, their "
+      "summary tables under those keys, and one figure of a metric from every run",
+      epilog="example: fedjax-rep compare runs/A runs/B --csv compare.csv")
+  comparing.add_argument("dirs", nargs="+", metavar="DIR",
+                         help="run directories (the --out of `fedjax-rep run`), two or more")
+  comparing.add_argument("--csv", metavar="PATH", help="also write the table as CSV to PATH")
+  comparing.add_argument("--figure", metavar="PATH", default="compare.png",
+                         help="where to write the figure (PNG; default compare.png)")
+  comparing.add_argument("--metric", metavar="NAME",
+                         help="the metrics.csv column to draw against round (default: the "
+                         "first of test_accuracy, model_error, test_error, ..., train_loss "
+                         "that every run has)")
   return parser
 
 
@@ -182,6 +195,22 @@ def main(argv=None) -> int:
     return 0
   if args.command == "data":
     _data()
+    return 0
+  if args.command == "compare":
+    from fedjax_rep.experiments import compare
+    from fedjax_rep.experiments import csv_tables
+    from fedjax_rep.experiments.config import ConfigError
+    try:
+      result = compare.compare(args.dirs, csv_path=args.csv, figure_path=args.figure,
+                               metric=args.metric)
+    except ConfigError as error:
+      print(f"fedjax-rep: error: {error}", file=sys.stderr)
+      return 2
+    except files.WriteError as error:
+      print(f"fedjax-rep: error: {error}", file=sys.stderr)
+      return WRITE_FAILED
+    print(csv_tables.aligned(list(csv.reader(result.table.splitlines()))))
+    print(f"wrote {', '.join(result.written)} ({result.metric} against round)")
     return 0
   import jax
 
@@ -277,20 +306,19 @@ def _log_lines(out: str) -> list[str]:
 
 def _print_table(path: str) -> None:
   """Prints the CSV file `path` as aligned columns."""
+  from fedjax_rep.experiments import csv_tables
   with open(path) as f:
     table = list(csv.reader(f))
-  widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-  for row in table:
-    print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+  print(csv_tables.aligned(table))
 
 
 def _needs_supervisor() -> bool:
   """Whether this is `fedjax-rep run` started as a process of a job (not the supervisor's
   child): it runs under `supervisor`."""
   from fedjax_rep import supervisor
-  from fedjax_rep.core import distributed
   if sys.argv[1:2] != ["run"] or supervisor.supervised():
     return False
+  from fedjax_rep.core import distributed  # imports jax: not for the other commands
   try:
     return distributed.job_environment() is not None
   except distributed.JobError:

@@ -1,8 +1,6 @@
 """Run directories: atomic writes, resumable units, metrics.csv and config.json."""
 
-import csv
 import fcntl
-import io
 import json
 import os
 import platform
@@ -17,6 +15,7 @@ from fedjax_rep.core import distributed
 from fedjax_rep.core import tree
 from fedjax_rep.core.files import WriteError
 from fedjax_rep.core.files import atomic_write
+from fedjax_rep.experiments.csv_tables import csv_text
 
 
 def versions() -> dict[str, str]:
@@ -30,19 +29,6 @@ def versions() -> dict[str, str]:
   import jax
   out["devices"] = ", ".join(sorted({d.device_kind for d in jax.devices()}))
   return out
-
-
-def csv_text(rows: list[dict], first=("algorithm", "seed", "round")) -> str:
-  """CSV of `rows` (dicts); columns are `first`, then the rest in first-seen order."""
-  columns = list(first)
-  for row in rows:
-    columns += [c for c in row if c not in columns]
-  buffer = io.StringIO()
-  writer = csv.DictWriter(buffer, fieldnames=columns, restval="", lineterminator="\n")
-  writer.writeheader()
-  for row in rows:
-    writer.writerow({k: (f"{v:.8g}" if isinstance(v, float) else v) for k, v in row.items()})
-  return buffer.getvalue()
 
 
 class OutputError(OSError):

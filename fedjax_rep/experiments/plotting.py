@@ -68,7 +68,7 @@ DIVERGED_RUN = "diverged-run"  # the gid of a diverged run's curve (outside the 
 DIVERGED_MARK = "diverged-mark"  # the gid of the x at a diverged run's last finite point
 
 
-def line(ax, rows, x, y, label, along=None, **where):
+def line(ax, rows, x, y, label, along=None, style=None, **where):
   """Mean over seeds as a line with a min-max band (see `curves`), over the runs that did
   not diverge. Runs that diverged are flagged: the label says how many seeds diverged, and
   on a per-round x axis (x = "round" or along = "round") each is drawn thin up to its last
@@ -77,16 +77,17 @@ def line(ax, rows, x, y, label, along=None, **where):
   Rows of a grid (a `grid` column: the label 'KEY=VALUE, ...' of their combination) get one
   line and band per combination, labelled "LABEL (KEY=VALUE, ...)" without the keys that
   `where` fixes, each in the next colour and in the line style of its combination's place
-  among the rows' combinations. `save` explains every panel's lines in one legend below
-  them."""
+  among the rows' combinations. `style` (e.g. {"color": "C1", "ls": "--"}) sets these
+  properties of every line drawn instead. `save` explains every panel's lines in one
+  legend below them."""
   rows = select(rows, **where)
   grids = list(dict.fromkeys(r["grid"] for r in rows if "grid" in r))
   if not grids:
-    _line(ax, rows, x, y, label, along, "-")
+    _line(ax, rows, x, y, label, along, "-", style)
   for i, grid in enumerate(grids):
     shown = ", ".join(part for part in grid.split(", ") if part.split("=")[0] not in where)
     _line(ax, select(rows, grid=grid), x, y, f"{label} ({shown})" if shown else label, along,
-          LINESTYLES[i % len(LINESTYLES)])
+          LINESTYLES[i % len(LINESTYLES)], style)
 
 
 # The attribute of a `_line` handle that holds the runs it draws, [(seed, ids of the run's
@@ -95,10 +96,11 @@ def line(ax, rows, x, y, label, along=None, **where):
 RUNS = "fedjax_rep_runs"
 
 
-def _line(ax, rows, x, y, label, along, linestyle):
+def _line(ax, rows, x, y, label, along, linestyle, style=None):
   """One mean line with its min-max band over the rows of runs that did not diverge
   (`diverged_round` 0), and the diverged runs' curves and marks, over all of `rows` (one
-  run per seed); its runs are recorded on its handle (`RUNS`)."""
+  run per seed), in `linestyle` and the next colour unless `style` sets them; its runs are
+  recorded on its handle (`RUNS`)."""
   runs = {}  # seed: the rows of its run
   for r in rows:
     runs.setdefault(r["seed"], []).append(r)
@@ -107,7 +109,8 @@ def _line(ax, rows, x, y, label, along, linestyle):
     label = f"{label} (diverged at x: {len(diverged)}/{len(runs)} seeds)"
   xs, mean, low, high = curves([r for r in rows if not r.get("diverged_round")], x, y, along)
   (handle,) = ax.plot(xs, mean, label=label, marker="o" if 0 < len(xs) < 20 else None, ms=3,
-                      ls=linestyle)
+                      **{"ls": linestyle, **(style or {})})
+  linestyle = handle.get_linestyle()
   setattr(handle, RUNS, [(seed, frozenset(map(id, run)), seed in diverged)
                          for seed, run in runs.items()])
   if len(xs):
