@@ -69,16 +69,19 @@ def _hparam(value):
 
 
 class TensorBoard:
-  """Event files under DIR/tensorboard: run NAME in DIR/tensorboard/NAME (tensorboardX's
-  SummaryWriter); the HParams experiment in DIR/tensorboard itself."""
+  """Event files under DIR/tensorboard: run NAME in DIR/tensorboard/NAME, the HParams
+  experiment in DIR/tensorboard itself (tensorboardX's EventsWriter, written by the
+  tracker's thread)."""
 
   def __init__(self, path: str):
-    from tensorboard.backend.event_processing import event_accumulator
-    self.path, self.writers = os.path.join(path, "tensorboard"), {}
+    from tensorboardX.event_file_writer import EventsWriter
+    self.new_writer = EventsWriter
+    self.path, self.writers, self.written = os.path.join(path, "tensorboard"), {}, set()
     self.logged = {}  # {run name: {(tag, step)}} already in the files
     self.sessions = set()  # the runs whose files hold their HParams already
     for folder, _, names in os.walk(self.path):
       if folder != self.path and any(".tfevents." in n for n in names):
+        from tensorboard.backend.event_processing import event_accumulator
         events = event_accumulator.EventAccumulator(
             folder, size_guidance={event_accumulator.SCALARS: 0}, purge_orphaned_data=False)
         events.Reload()
@@ -89,14 +92,18 @@ class TensorBoard:
           events.PluginTagToContent("hparams")
           self.sessions.add(name)
 
-  def _writer(self, name: str):
+  def _write(self, name: str, summary, step: int = 0) -> None:
+    """Writes the Summary proto `summary` at `step` into run `name` ('' for DIR/tensorboard)
+    in a file of this tracker's own (events.out.tfevents.SECONDS.HOST.NANOSECONDS: another
+    than a resumed run's, even within its second)."""
+    from tensorboardX.proto.event_pb2 import Event
     if name not in self.writers:
-      from tensorboardX import SummaryWriter
-      # A file of its own (events.out.tfevents.SECONDS.HOST.NANOSECONDS), even where a
-      # resumed run's writer starts in the second of the one before.
-      self.writers[name] = SummaryWriter(os.path.join(self.path, name), flush_secs=SECONDS,
-                                         max_queue=1000, filename_suffix=f".{time.time_ns()}")
-    return self.writers[name]
+      folder = os.path.join(self.path, name)
+      os.makedirs(folder, exist_ok=True)
+      self.writers[name] = self.new_writer(os.path.join(folder, "events"),
+                                           f".{time.time_ns()}")
+    self.writers[name].write_event(Event(wall_time=time.time(), step=step, summary=summary))
+    self.written.add(name)
 
   def log(self, name: str, settings: dict, values: list[tuple]) -> None:
     """Writes `values` [(tag, step, value)] into run `name` (`settings` unused here): one
@@ -106,32 +113,30 @@ class TensorBoard:
     steps = {}
     for tag, step, value in values:
       steps.setdefault(step, []).append(Summary.Value(tag=tag, simple_value=value))
-    writer = self._writer(name).file_writer
     for step, scalars in steps.items():
-      writer.add_summary(Summary(value=scalars), global_step=step)
+      self._write(name, Summary(value=scalars), step)
 
   def flush(self) -> None:
-    for writer in self.writers.values():
-      writer.flush()
+    """Flushes the files written since the last flush."""
+    for name in self.written:
+      self.writers[name].flush()
+    self.written = set()
 
   def finish(self, settings: dict[str, dict], metrics: list[str]) -> None:
     """The HParams plugin's summaries: each run's `settings[name]` (its session), and the
     experiment (every setting's values, the `metrics` tags) in DIR/tensorboard."""
-    from tensorboardX import SummaryWriter
     from tensorboardX.summary import hparams
     for name, values in settings.items():
-      if name in self.sessions:
-        continue
-      self.sessions.add(name)
-      _, start, end = hparams({k: _hparam(v) for k, v in values.items()}, {})
-      for summary in (start, end):
-        self._writer(name).file_writer.add_summary(summary)
+      if name not in self.sessions:
+        self.sessions.add(name)
+        _, start, end = hparams({k: _hparam(v) for k, v in values.items()}, {})
+        self._write(name, start)
+        self._write(name, end)
     keys = {key: _hparam(value) for values in settings.values() for key, value in values.items()}
     experiment, _, _ = hparams(keys, dict.fromkeys(metrics, 0.0))
     for stale in glob.glob(os.path.join(self.path, "*.tfevents.*")):
       os.unlink(stale)  # the experiment of an earlier finish: this one lists every run
-    with SummaryWriter(self.path, filename_suffix=f".{time.time_ns()}") as writer:
-      writer.file_writer.add_summary(experiment)
+    self._write("", experiment)
 
   def close(self) -> None:
     for writer in self.writers.values():
@@ -141,8 +146,8 @@ class TensorBoard:
 
 class MLflow:
   """An MLflow store in DIR/mlflow.db (sqlite), experiment `experiment`: run NAME has the
-  run name and tag `fedjax_rep.run` NAME, its settings as params. Values wait at most
-  SECONDS before they are written."""
+  run name and tag `fedjax_rep.run` NAME, its settings as params; values are sent at each
+  `flush`."""
 
   def __init__(self, path: str, experiment: str):
     from mlflow.tracking import MlflowClient
@@ -153,7 +158,7 @@ class MLflow:
     found = self.client.get_experiment_by_name(experiment)
     self.experiment = (found.experiment_id if found
                        else self.client.create_experiment(experiment))
-    self.runs, self.logged, self.pending, self.sent = {}, {}, {}, time.monotonic()
+    self.runs, self.logged, self.pending = {}, {}, {}
     for run in self.client.search_runs([self.experiment], max_results=50000):
       name = run.data.tags.get("fedjax_rep.run")
       if name is not None:
@@ -172,10 +177,9 @@ class MLflow:
     return self.runs[name]
 
   def log(self, name: str, settings: dict, values: list[tuple]) -> None:
-    """Queues `values` [(tag, step, value)] for run `name` (made with params `settings`)."""
+    """Queues `values` [(tag, step, value)] for run `name` (made with params `settings`)
+    until the next `flush`."""
     self.pending.setdefault(self._run(name, settings), []).extend(values)
-    if time.monotonic() - self.sent >= SECONDS:
-      self.flush()
 
   def flush(self) -> None:
     from mlflow.entities import Metric
@@ -184,7 +188,7 @@ class MLflow:
       metrics = [Metric(tag, value, stamp, step) for tag, step, value in values]
       for start in range(0, len(metrics), 1000):  # MLflow's batch limit
         self.client.log_batch(run_id, metrics=metrics[start:start + 1000])
-    self.pending, self.sent = {}, time.monotonic()
+    self.pending = {}
 
   def finish(self, settings: dict[str, dict], metrics: list[str]) -> None:
     """Marks every run of `settings` finished (their params were logged as they began)."""
@@ -209,8 +213,8 @@ class Tracker:
   num_clients=100,classes_per_client=2; `setting_keys`).
 
   The sinks are opened, written and closed by a thread of the tracker's own, in the order
-  the calls came, so that the rounds go on while it writes; `finish` and `close` wait for
-  it, and raise what it raised.
+  the calls came, so that the rounds go on while it imports and writes; `finish` and
+  `close` wait for it, and raise what it raised.
   """
 
   def __init__(self, path: str, sinks: tuple[str, ...], *, recipe: str, grid=(),
@@ -221,7 +225,6 @@ class Tracker:
                                     daemon=True)
     self._thread.start()
     self._submit(self._open, path, sinks, recipe, fresh)
-    self._wait()
 
   def _open(self, path, sinks, recipe, fresh) -> None:
     if fresh:
@@ -233,16 +236,35 @@ class Tracker:
 
   def _serve(self) -> None:
     """The tracker's thread: runs the submitted calls in order (none after one failed)
-    until it gets None."""
-    while (task := self._work.get()) is not None:
+    until it gets None, and flushes the sinks at most SECONDS after they were written."""
+    flushed = time.monotonic()
+    while True:
       try:
-        if self._failed is None:
-          task()
-      except BaseException as error:  # raised by the next call that waits (`_wait`)
+        task = self._work.get(timeout=SECONDS)
+      except queue.Empty:  # nothing came for a while: what was written reaches the files
+        self._do(self._flush)
+        flushed = time.monotonic()
+        continue
+      if task is not None:
+        self._do(task)
+        if time.monotonic() - flushed >= SECONDS:
+          self._do(self._flush)
+          flushed = time.monotonic()
+      self._work.task_done()
+      if task is None:
+        return
+
+  def _do(self, task) -> None:
+    """task(), unless an earlier call failed; what it raises, `_wait` raises."""
+    if self._failed is None:
+      try:
+        task()
+      except BaseException as error:
         self._failed = error
-      finally:
-        self._work.task_done()
-    self._work.task_done()
+
+  def _flush(self) -> None:
+    for sink in self.sinks:
+      sink.flush()
 
   def _submit(self, function, *args) -> None:
     self._work.put(functools.partial(function, *args))
