@@ -16,7 +16,8 @@ code over the baseline's. With `--flat-threefry`, each recipe also runs with tha
 (`fedjax_rep/core/threefry.py`) right after, in the same sitting; its columns follow: its
 time, its compiling, its time over the default's, and whether its metrics.csv is byte-identical
 to the default run's. `--log TRACKER` (repeatable) does the same with `--log TRACKER ...`
-(the trackers' cost; experiments/tracking.py). `--keep DIR` keeps each run's metrics.csv, config.json and
+(the trackers' cost; experiments/tracking.py). `--repeat N` reports each the run of median
+time of N. `--keep DIR` keeps each run's metrics.csv, config.json and
 figure in DIR/RECIPE. A run that fails is reported with its exit status (its own
 message goes to stderr).
 """
@@ -56,6 +57,14 @@ def first_run(recipe: str, work: str, package: str | None = None, flags=()) -> d
           "error": error, "out": out}
 
 
+def median_run(recipe: str, work: str, package: str | None = None, flags=(),
+               repeat: int = 1) -> dict:
+  """`first_run`'s row of the run of median time among `repeat` runs (the same settings)."""
+  runs = sorted((first_run(recipe, work, package, flags) for _ in range(repeat)),
+                key=lambda run: run["seconds"])
+  return runs[len(runs) // 2]
+
+
 def same_metrics(out_a: str, out_b: str) -> bool:
   """Whether the metrics.csv files of two run directories are byte-identical (False where
   either is missing)."""
@@ -78,6 +87,9 @@ def main():
   parser.add_argument("--log", action="append", default=[], metavar="TRACKER",
                       help="also run each recipe with --log TRACKER (repeatable: one run with "
                       "every TRACKER given)")
+  parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                      help="run each recipe N times (each variant too) and report the run of "
+                      "median time")
   parser.add_argument("--keep", metavar="DIR",
                       help="keep each run's outputs (this code's) in DIR/RECIPE")
   args = parser.parse_args()
@@ -95,19 +107,20 @@ def main():
   with tempfile.TemporaryDirectory() as work:
     baseline = None if args.baseline is None else recipe_time.extract(args.baseline, work)
     for name in names:
-      row = {"recipe": name, "load": os.getloadavg()[0], **first_run(name, work)}
+      row = {"recipe": name, "load": os.getloadavg()[0],
+             **median_run(name, work, repeat=args.repeat)}
       if args.keep:
         shutil.copytree(row["out"], os.path.join(args.keep, name), dirs_exist_ok=True)
       line = (f"{name:<24} {row['load']:5.2f} {row['seconds']:7.1f} {row['compiling']:9.1f} "
               f"{100 * row['share']:5.0f}% {row['programs']:8d}")
       if baseline is not None:
-        base = first_run(name, work, baseline)
+        base = median_run(name, work, baseline, repeat=args.repeat)
         row.update({f"baseline {k}": v for k, v in base.items()},
                    baseline=args.baseline, ratio=row["seconds"] / base["seconds"])
         line += (f" | {base['seconds']:7.1f} {base['compiling']:10.1f} "
                  f"{100 * base['share']:5.0f}% {base['programs']:8d} {row['ratio']:6.2f}")
       for variant, flags in variants:
-        other = first_run(name, work, flags=flags)
+        other = median_run(name, work, flags=flags, repeat=args.repeat)
         row.update({f"{variant} {k}": v for k, v in other.items()},
                    **{f"{variant} ratio": other["seconds"] / row["seconds"],
                       f"{variant} same": same_metrics(row["out"], other["out"])})

@@ -61,11 +61,11 @@ def _number(value) -> float | None:
 
 
 def _hparam(value):
-  """`value` as a TensorBoard HParams value: a float, a bool or text."""
+  """`value` as a TensorBoard HParams value: a bool, a finite float, or text (e.g. 'nan')."""
   if isinstance(value, (bool, np.bool_)):
     return bool(value)
   number = _number(value)
-  return str(value) if number is None else number
+  return number if number is not None and math.isfinite(number) else str(value)
 
 
 class TensorBoard:
@@ -74,8 +74,6 @@ class TensorBoard:
   tracker's thread)."""
 
   def __init__(self, path: str):
-    from tensorboardX.event_file_writer import EventsWriter
-    self.new_writer = EventsWriter
     self.path, self.writers, self.written = os.path.join(path, "tensorboard"), {}, set()
     self.logged = {}  # {run name: {(tag, step)}} already in the files
     self.sessions = set()  # the runs whose files hold their HParams already
@@ -96,12 +94,12 @@ class TensorBoard:
     """Writes the Summary proto `summary` at `step` into run `name` ('' for DIR/tensorboard)
     in a file of this tracker's own (events.out.tfevents.SECONDS.HOST.NANOSECONDS: another
     than a resumed run's, even within its second)."""
+    from tensorboardX.event_file_writer import EventsWriter
     from tensorboardX.proto.event_pb2 import Event
     if name not in self.writers:
       folder = os.path.join(self.path, name)
       os.makedirs(folder, exist_ok=True)
-      self.writers[name] = self.new_writer(os.path.join(folder, "events"),
-                                           f".{time.time_ns()}")
+      self.writers[name] = EventsWriter(os.path.join(folder, "events"), f".{time.time_ns()}")
     self.writers[name].write_event(Event(wall_time=time.time(), step=step, summary=summary))
     self.written.add(name)
 
