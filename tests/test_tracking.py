@@ -7,7 +7,6 @@ import glob
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
