@@ -16,7 +16,9 @@ code over the baseline's. With `--flat-threefry`, each recipe also runs with tha
 (`fedjax_rep/core/threefry.py`) right after, in the same sitting; its columns follow: its
 time, its compiling, its time over the default's, and whether its metrics.csv is byte-identical
 to the default run's. `--log TRACKER` (repeatable) does the same with `--log TRACKER ...`
-(the trackers' cost; experiments/tracking.py). `--repeat N` reports each the run of median
+(the trackers' cost; experiments/tracking.py). With digits-personalized among the recipes
+it runs first, and every recipe's time is also given over its time (the guard: each within
+BOUND times it; the last line names those that are not). `--repeat N` reports each the run of median
 time of N. `--keep DIR` keeps each run's metrics.csv, config.json and
 figure in DIR/RECIPE. A run that fails is reported with its exit status (its own
 message goes to stderr).
@@ -31,6 +33,11 @@ import sys
 import tempfile
 
 import recipe_time  # benchmarks/ is the script's directory
+
+# Every recipe's --quick is kept within BOUND times REFERENCE's time in the same run
+# (docs/benchmarks.md): the guard that a recipe's --quick has not grown unnoticed.
+REFERENCE = "digits-personalized"
+BOUND = 4.0
 
 
 def recipe_names() -> list[str]:
@@ -94,8 +101,11 @@ def main():
                       help="keep each run's outputs (this code's) in DIR/RECIPE")
   args = parser.parse_args()
   names = args.recipes or recipe_names()
-  rows = []
-  header = f"{'recipe':<24} {'load':>5} {'s':>7} {'compiling':>9} {'share':>6} {'programs':>8}"
+  if REFERENCE in names:  # first: every other recipe's time is given over its
+    names = [REFERENCE] + [name for name in names if name != REFERENCE]
+  rows, reference = [], None
+  header = (f"{'recipe':<24} {'load':>5} {'s':>7} {'compiling':>9} {'share':>6} {'programs':>8}"
+            + (f" {'× ' + REFERENCE[:6]:>9}" if REFERENCE in names else ""))
   if args.baseline:
     header += f" | {'base s':>7} {'base comp.':>10} {'share':>6} {'programs':>8} {'ratio':>6}"
   variants = ([("flat", ["--flat-threefry"])] if args.flat_threefry else []) + (
@@ -113,6 +123,10 @@ def main():
         shutil.copytree(row["out"], os.path.join(args.keep, name), dirs_exist_ok=True)
       line = (f"{name:<24} {row['load']:5.2f} {row['seconds']:7.1f} {row['compiling']:9.1f} "
               f"{100 * row['share']:5.0f}% {row['programs']:8d}")
+      if REFERENCE in names:
+        reference = row["seconds"] if name == REFERENCE else reference
+        row["over reference"] = row["seconds"] / reference
+        line += f" {row['over reference']:9.2f}"
       if baseline is not None:
         base = median_run(name, work, baseline, repeat=args.repeat)
         row.update({f"baseline {k}": v for k, v in base.items()},
@@ -133,6 +147,10 @@ def main():
         if error:
           print(f"  {name}: {error}", flush=True)
       rows.append(row)
+  if reference is not None:
+    over = [f"{r['recipe']} ({r['over reference']:.2f}×)" for r in rows
+            if not r["over reference"] <= BOUND]
+    print(f"over {BOUND:g}× {REFERENCE}'s time: {', '.join(over) or 'none'}")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=1)
