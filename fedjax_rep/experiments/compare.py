@@ -3,6 +3,7 @@ whose values differ between the runs, their summary tables side by side under th
 and one figure of a metric's mean over seeds against round from every run. Reads only
 the directories' config.json, metrics.csv and summary table: no jax."""
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -86,10 +87,8 @@ def check_dirs(paths) -> None:
 def _number(cell: str):
   """A metrics.csv cell as an int or a float where it is one, else the text itself."""
   for kind in (int, float):
-    try:
+    with contextlib.suppress(ValueError):
       return kind(cell)
-    except ValueError:
-      pass
   return cell
 
 
@@ -187,20 +186,6 @@ def differing_keys(runs: list[Run]) -> list[str]:
           if any(flat.get(key, missing) != flats[0].get(key, missing) for flat in flats)]
 
 
-def value_text(value) -> str:
-  """A configuration value as `--set` writes it: sequences comma-separated, None as auto.
-
-  Args:
-    value: a value of `flat_config`.
-
-  Returns:
-    Its text.
-  """
-  if isinstance(value, (list, tuple)):
-    return ",".join(map(value_text, value))
-  return "auto" if value is None else str(value)
-
-
 def summary_rows(runs: list[Run], keys: list[str]) -> list[dict]:
   """The runs' summary tables side by side.
 
@@ -211,14 +196,15 @@ def summary_rows(runs: list[Run], keys: list[str]) -> list[dict]:
   Returns:
     One row per run and row of its summary table (one row, of the keys only, for a run
     without a summary table): `run` (the directory as given), the run's value of each key
-    (`value_text`; empty where it lacks the key), then the summary's columns. A summary
+    (`cfg.setting_text`; empty where it lacks the key), then the summary's columns. A
+    summary
     column of the same name as a key (a grid's swept key) gives that key's value in its
     rows: the value the row ran with.
   """
   table = []
   for run in runs:
     flat = flat_config(run.saved)
-    values = {key: value_text(flat[key]) if key in flat else "" for key in keys}
+    values = {key: cfg.setting_text(flat[key]) if key in flat else "" for key in keys}
     table += [{"run": run.name, **values, **entry} for entry in run.summary or [{}]]
   return table
 
@@ -300,7 +286,8 @@ def _run_label(run: Run, keys: list[str], most: int = 40) -> str:
   """The run's name in the legend: the directory as given, followed by its values of the
   differing `keys` ('/runs/b (lr=0.1)') where they take at most `most` characters."""
   flat = flat_config(run.saved)
-  values = ", ".join(f"{key}={value_text(flat[key]) if key in flat else '-'}" for key in keys)
+  values = ", ".join(f"{key}={cfg.setting_text(flat[key]) if key in flat else '-'}"
+                     for key in keys)
   return f"{run.name} ({values})" if values and len(values) <= most else run.name
 
 

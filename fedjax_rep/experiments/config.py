@@ -341,6 +341,16 @@ def combinations(grid: dict[str, tuple]) -> list[dict]:
   return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
+def setting_text(value) -> str:
+  """A configuration value as --set writes it (sequences comma-separated, floats exact,
+  None as auto)."""
+  if isinstance(value, (list, tuple)):
+    return ",".join(map(setting_text, value))
+  if value is None:
+    return "auto"
+  return repr(value) if isinstance(value, float) else str(value)
+
+
 def combination_label(combination: dict, sep: str = ", ") -> str:
   """'KEY=VALUE' of each key of `combination`, joined by `sep` (e.g. 'lr=0.3, num_clients=100')."""
   return sep.join(f"{key}={value}" for key, value in combination.items())

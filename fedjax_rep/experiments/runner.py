@@ -113,13 +113,6 @@ def _tracker(log, path, name, swept, fresh):
   return tracking.Tracker(path, log, recipe=name, grid=swept.grid, fresh=fresh)
 
 
-def _finish(tracker, recipe, rows, config, swept) -> None:
-  """Ends `tracker`'s runs (if any) with the summary table of `rows` (`_summary`) where the
-  recipe has one."""
-  if tracker is not None:
-    tracker.finish(_summary(recipe, rows, config, swept) if recipe.summarize else [])
-
-
 def mock_lines(recipe, configs) -> list[str]:
   """One line for each different mock data (`Recipe.mock_data`) that the configurations
   `configs` (those of a sweep's combinations) train on, e.g. "fedjax-rep:
@@ -176,7 +169,8 @@ def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(
     tracking.check_new(log_dir)
   with _tracker(log, log_dir, name, swept, fresh=False) as tracker:
     rows = _sweep(recipe, config, seeds, swept, _call_unit, progress, tracker)
-    _finish(tracker, recipe, rows, config, swept)
+    if tracker is not None:
+      tracker.finish(_summary(recipe, rows, config, swept) if recipe.summarize else [])
   _say_diverged(rows)
   return rows, _figure_config(config, swept)
 
@@ -265,14 +259,13 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
                                        if k not in recipe.summary_only} for row in rows],
                       first=("algorithm", "seed", "round", *columns))
     written = ["config.json", "metrics.csv"]
+    entries = [] if recipe.summarize is None else _summary(recipe, rows, config, swept)
     if recipe.summarize is not None:
-      run_dir.write_csv(recipe.summary_file, _summary(recipe, rows, config, swept),
-                        first=("algorithm", *columns))
+      run_dir.write_csv(recipe.summary_file, entries, first=("algorithm", *columns))
       written.append(recipe.summary_file)
     run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, swept), f))
     written.append(f"{name}.png")
     if select:
-      entries = _summary(recipe, rows, config, swept)
       chosen = selection.choose(entries, grid)
       if confirm_seeds:
         chosen = selection.confirmed(chosen, _confirm(recipe, config, seeds, grid, chosen,
@@ -281,7 +274,8 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
       run_dir.write_csv("selection.csv", chosen, first=selection.setting_keys(chosen, grid))
       run_dir.write("selection.png", lambda f: selection.plot(entries, chosen, grid, f))
       written += ["selection.csv", "selection.png"]
-    _finish(tracker, recipe, rows, config, swept)
+    if tracker is not None:
+      tracker.finish(entries)
     run_dir.finish(written)
     _say_diverged(rows)
   return out
@@ -350,20 +344,10 @@ def default_out(name: str) -> str:
   return os.path.join("runs", f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
 
 
-def _setting_text(value) -> str:
-  """A configuration value as --set writes it (sequences comma-separated, floats exact,
-  None as auto)."""
-  if isinstance(value, (list, tuple)):
-    return ",".join(map(_setting_text, value))
-  if value is None:
-    return "auto"
-  return repr(value) if isinstance(value, float) else str(value)
-
-
 def _saved_items(saved_config: dict, grid: dict) -> list[str]:
   """The --set items of a config.json's configuration: each field but those `grid` sweeps,
   and each option of its `options` as NAME=VALUE."""
-  items = [f"{key}={_setting_text(value)}" for key, value in saved_config.items()
+  items = [f"{key}={cfg.setting_text(value)}" for key, value in saved_config.items()
            if key not in grid and key != "options"]
   return items + [f"{key}={value!r}" for key, value in saved_config.get("options", ())]
 
