@@ -49,7 +49,7 @@ import numpy as np
 from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data.federated import ClientDatasets
-from fedjax_rep.linear import memory
+from fedjax_rep.core import memory
 from fedjax_rep.nn.hparams import hparams as nn_hparams
 from fedjax_rep.nn.models import PRECISIONS, make_model
 from fedjax_rep.nn.registry import make_algorithm
@@ -127,7 +127,7 @@ def accelerator() -> bool:
 def client_group(alg, data, hparams) -> tuple[int, int | None]:
   """(clients per vmapped group of `alg`'s cohort on `data`, bytes per client). On an
   accelerator: as many as fit GROUP_MEMORY_SHARE of the device's free memory (bytes_limit -
-  bytes_in_use, `linear.memory.available_bytes`) at `client_bytes` each. On the CPU: the
+  bytes_in_use, `core.memory.available_bytes`) at `client_bytes` each. On the CPU: the
   project's default CPU_GROUP, bytes None (not estimated). In [1, cohort]."""
   if not accelerator():
     return min(alg.cohort, CPU_GROUP), None

@@ -19,7 +19,7 @@ Three implementations of that round, timed in the same process after warm-up/com
 The roofline time of a round is the larger of reading X and y once at the measured memory
 bandwidth and 4 n m d k flops at the measured matmul rate; in the fresh modes it is the time to
 draw the normals that mode needs at the measured rate of the fastest of jax.random.normal,
-fedjax_rep's bit-identical unrolled generator (`linear.normals.normal`) and, for
+fedjax_rep's bit-identical unrolled generator (`core.normals.normal`) and, for
 fresh-statistics, the two-per-hash generator its sampler uses (`normals.normal_pairs`):
 n m (d + 1) (fresh), n m (2k + 1) + d k (fresh-statistics), or the compute bound if
 larger (the C++ fresh round draws the same normals faster than these generators, so it can
@@ -52,7 +52,7 @@ import jaxlib
 import numpy as np
 
 import fedjax_rep as fr
-from fedjax_rep.linear import normals
+from fedjax_rep.core import normals
 
 DIM, REP_DIM, SAMPLES = 50, 5, 10  # d, k, m
 NOISE_STD = math.sqrt(1e-3)
@@ -186,7 +186,7 @@ def machine_rates(repeats):
 
 def normal_rate(num_clients, mode, repeats):
   """Standard normals per second: the fastest of jax.random.normal, the bit-identical
-  `fedjax_rep.linear.normals.normal` (Threefry unrolled, what the direct sampler uses) and,
+  `fedjax_rep.core.normals.normal` (Threefry unrolled, what the direct sampler uses) and,
   for "fresh-statistics", `normals.normal_pairs` (two normals per hash, what that sampler
   uses), each drawing one round's X [n, m, d] at once."""
   shape = (num_clients, SAMPLES, DIM)

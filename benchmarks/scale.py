@@ -186,7 +186,7 @@ def child(config: dict) -> None:
 def device_peak_gb(devices: int) -> float | None:
   """Peak GB allocated on the first `devices` accelerator devices together, or None on the
   CPU (whose allocations peak RSS counts) or where the allocator does not say."""
-  from fedjax_rep.linear import memory
+  from fedjax_rep.core import memory
   stats = memory.device_stats(devices, "peak_bytes_in_use")
   return None if stats is None else sum(s["peak_bytes_in_use"] for s in stats) / 1e9
 

@@ -243,11 +243,11 @@ def main(argv=None) -> int:
       compile_cache.enable()
     if args.flat_threefry:
       threefry.use_flat()
-    with checkpoint.stop_on_signals():
+    with checkpoint.stop_on_signals() as signals:
       out = runner.run_to_dir(
           recipe, **what, progress=not args.no_progress and distributed.is_writer(),
-          overwrite=args.overwrite,
-          checkpoint_rounds=args.checkpoint_every, checkpoint_seconds=args.checkpoint_seconds)
+          overwrite=args.overwrite, checkpoint_rounds=args.checkpoint_every,
+          checkpoint_seconds=args.checkpoint_seconds, stop=signals.requested)
   except (cfg.ConfigError, outputs.OutputError, DataMissing, compile_cache.CacheError,
           distributed.JobError, checkpoint.IdentityError) as error:
     print(f"fedjax-rep: error: {error}", file=sys.stderr)

@@ -176,8 +176,8 @@ def test_run_writes_outputs_and_resumes(tmp_path, monkeypatch):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
   # Resume: every unit is on disk, so a second run computes nothing.
-  from fedjax_rep.experiments import shared
-  monkeypatch.setattr(shared, "run_seeds", lambda *a, **k: pytest.fail("recomputed"))
+  from fedjax_rep.experiments import batch
+  monkeypatch.setattr(batch.loop, "run", lambda *a, **k: pytest.fail("recomputed"))
   assert cli.main(args) == 0
   with open(os.path.join(out, "metrics.csv")) as f:
     assert list(csv.DictReader(f)) == rows

@@ -23,8 +23,9 @@ from fedjax_rep.experiments import outputs
 from fedjax_rep.experiments import runner
 from test_resume import SMALL, metrics_text, run_cli, wait_for_checkpoint
 
-ARGS = [*SMALL, "--set", "rounds=6", "--no-progress"]
-# The checkpoints of SMALL's one unit (a glob): its run's, named by what it computes.
+ARGS = [*SMALL, "--set", "algorithms=fedrep", "--set", "rounds=6", "--no-progress"]
+# The checkpoints of ARGS' one unit (FedRep alone: one setting; a glob): its run's, named by
+# what it computes.
 CHECKPOINTS = "parts/n10-20.ckpt/fedrep-" + "[0-9a-f]" * 12
 
 
@@ -52,7 +53,7 @@ def snapshot(out, skip: str | None = None) -> dict:
 
 
 def checkpoints(out) -> str:
-  """The directory of the checkpoints of SMALL's one unit in `out` (CHECKPOINTS)."""
+  """The directory of the checkpoints of ARGS' one unit in `out` (CHECKPOINTS)."""
   (path,) = glob.glob(os.path.join(out, CHECKPOINTS))
   return path
 
@@ -82,7 +83,7 @@ def stop_after_round(out, rounds, monkeypatch, capfd) -> None:
   """Runs ARGS in `out`, checkpointing every round and stopped (as by SIGTERM) after
   `rounds` rounds: the checkpoint of round `rounds` is saved."""
   asked = iter([None] * (rounds - 1))
-  monkeypatch.setattr(checkpoint, "stop_requested", lambda: next(asked, "SIGTERM"))
+  monkeypatch.setattr(checkpoint.Signals, "requested", lambda self: next(asked, "SIGTERM"))
   assert cli.main(["run", *ARGS, "--out", out, "--checkpoint-every", "1"]) == 143
   monkeypatch.undo()
   capfd.readouterr()

@@ -43,12 +43,12 @@ class Calls:
   def __init__(self):
     self.calls = []
 
-  def __call__(self, config, seeds, unit, progress=True, **kwargs):
+  def __call__(self, config, seeds, batch, **kwargs):
     self.calls.append((config, kwargs.get("grid")))
     if "grid" not in kwargs:
-      return tiny_rows(config, seeds, unit, config.lr)
+      return tiny_rows(config, seeds, batch.unit, config.lr)
     return [{**row, "lr": combination["lr"]} for combination in kwargs["grid"]
-            for row in tiny_rows(config, seeds, lambda name, compute: unit(
+            for row in tiny_rows(config, seeds, lambda name, compute: batch.unit(
                 f"lr{combination['lr']}-{name}", compute), combination["lr"])]
 
 
@@ -149,7 +149,7 @@ def test_traced_rows_must_carry_their_values(tiny):
   if not registry.get("test-tiny").traced:
     pytest.skip("only a traced run returns the traced keys")
   registry.RECIPES["test-tiny"] = dataclasses.replace(
-      registry.get("test-tiny"), run=lambda config, seeds, unit, progress, grid: [
+      registry.get("test-tiny"), run=lambda config, seeds, batch, grid: [
           {"algorithm": "a", "seed": 0, "round": 1, "lr": np.float32(g["lr"]) * 2}
           for g in grid])
   with pytest.raises(RuntimeError, match="returned a row of lr=0.2.*traced keys lr"):

@@ -122,3 +122,39 @@ def test_imports_inside_functions_are_only_the_listed_ones():
 def test_the_graph_sees_lazy_imports_and_circles():
   assert ("fedjax_rep.native.fedrep_round", True) in imports("fedjax_rep.linear.fedrep")
   assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The package's layers, lowest first: a module imports the package's modules of its own
+# layer or of lower ones, never of a higher one (no arrow back up). Modules in one layer's
+# set are peers that do not import each other's packages.
+LAYERS = (
+    {"core"},                                # the contract, the round loop, keys, checkpoints
+    {"native"},                              # the opt-in C++ kernels
+    {"data", "hetero", "linear"},            # datasets; clocks and speeds; the linear theory
+    {"nn"},                                  # the neural algorithms (on data's datasets)
+    {"experiments"},                         # the framework that runs any recipe
+    {"recipes"},                             # the papers
+    {"supervisor", "api"},                   # the job supervisor; the public API
+    {"cli"},                                 # the command line
+    {"__init__", "__main__"},
+)
+
+
+def layer(module: str) -> int:
+  """The index in LAYERS of the package's module `module` (its top package below
+  fedjax_rep; `fedjax_rep` itself is __init__)."""
+  top = module.split(".")[1] if "." in module else "__init__"
+  return next(i for i, names in enumerate(LAYERS) if top in names)
+
+
+def test_every_module_is_in_a_layer():
+  assert {name.split(".")[1] for name in MODULES if "." in name} <= set().union(*LAYERS)
+
+
+def test_no_import_goes_up_a_layer_or_across_peers():
+  """Every arrow of the import graph goes down (or stays inside one package)."""
+  up = sorted((name, target) for name, targets in graph().items() for target in targets
+              if layer(target) > layer(name) or (
+                  layer(target) == layer(name)
+                  and target.split(".")[1:2] != name.split(".")[1:2]))
+  assert up == []

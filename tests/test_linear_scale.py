@@ -16,7 +16,9 @@ import scipy.stats
 
 import fedjax_rep as fr
 import reference as ref
-from fedjax_rep.linear import blocks, fresh_statistics, memory, normals
+from fedjax_rep.core import memory as core_memory
+from fedjax_rep.core import normals
+from fedjax_rep.linear import blocks, fresh_statistics, memory
 from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS
 from conftest import BENCHMARKS, benchmark_module
 
@@ -289,10 +291,10 @@ def test_available_memory_of_accelerator_devices(monkeypatch):
     def memory_stats(self):
       return {"bytes_limit": 80 << 30, "bytes_in_use": self.in_use}
 
-  monkeypatch.setattr(memory.jax, "default_backend", lambda: "gpu")
-  monkeypatch.setattr(memory.jax, "devices", lambda: [Device(1 << 30), Device(3 << 30)])
-  assert memory.available_bytes() == 79 << 30
-  assert memory.available_bytes(devices=2) == 156 << 30
+  monkeypatch.setattr(core_memory.jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(core_memory.jax, "devices", lambda: [Device(1 << 30), Device(3 << 30)])
+  assert core_memory.available_bytes() == 79 << 30
+  assert core_memory.available_bytes(devices=2) == 156 << 30
   fixed = memory.estimate(10_000_000, 50, 5, 10, "fixed")["total"]  # 22 GB: fits 79 GiB
   assert memory.check(10_000_000, 50, 5, 10, "fixed")["total"] == fixed
   with pytest.raises(ValueError, match="GB available"):

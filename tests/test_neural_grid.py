@@ -3,11 +3,13 @@ options) of every combination run with the seeds as one vmapped program per algo
 program, with the numbers of the combinations run one at a time; chunks where memory is
 short; compiled once."""
 
+import jax
 import numpy as np
 import pytest
 
 from fedjax_rep.data import digits, federated
 from fedjax_rep.nn import models
+from fedjax_rep.experiments import batch as batch_lib
 from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import runner
 
@@ -62,22 +64,24 @@ def test_a_baselines_number_is_a_traced_option_swept_in_one_program(compiles):
   assert len(set(finals.values())) > 1  # prox_mu reached the program
 
 
-@pytest.mark.slow  # the fast tier keeps the padded last chunk, below
-def test_settings_that_do_not_fit_run_in_chunks_of_one_program(capsys, compiles):
+@pytest.mark.slow  # the fast tier keeps the padded last call, below
+def test_settings_that_do_not_fit_run_in_calls_of_one_program(capsys, compiles):
   config = neural.Training()
   data = federated.stack([digits.federated(10, "classes", 2, seed=s) for s in (0, 1)])
   model = models.make_model("digits-mlp", digits.NUM_CLASSES)
   own = neural.algorithm("fedrep", config, model, 10)
   keys = neural.run_keys([0, 1])
   settings = [neural.hparams_lib.hparams(lr) for lr in (0.01, 0.02, 0.05)]
-  _, per_run = neural.runs_that_fit(own, data, settings[0], keys, available=10**12)
-  unit = lambda name, compute: compute()
-  whole = neural.settings_unit(unit, "fedrep", own, data, settings, keys, 2, 1, False)
+  _, per_setting = batch_lib.settings_that_fit(own, data, settings[0], keys, available=10**12)
+  data_bytes = sum(a.nbytes for a in jax.tree.leaves(data))
+  whole = batch_lib.Batch(progress=False, width=3).train("fedrep", own, data, settings, keys, 2,
+                                                         eval_every=1)
   compiles.reset()
-  # Room for 2 runs (one setting of 2 seeds) at a time: 3 chunks of one setting.
-  chunked = neural.settings_unit(unit, "fedrep", own, data, settings, keys, 2, 1, False,
-                                 available=int(2.5 * per_run / 0.9))
-  assert "running them as 3 programs of 1 settings" in capsys.readouterr().err
+  # Room for the data and one setting (of 2 seeds) at a time: 3 calls of one setting.
+  chunked = batch_lib.Batch(progress=False, width=3,
+                            available=int((data_bytes + 1.5 * per_setting) / 0.9)).train(
+                                "fedrep", own, data, settings, keys, 2, eval_every=1)
+  assert "running them in calls of 1" in capsys.readouterr().err
   assert [n for n in compiles.names if n == "jit(_run_chunk)"] == ["jit(_run_chunk)"]
   assert len(chunked) == len(whole) == 3
   for a, b in zip(whole, chunked):
@@ -87,18 +91,16 @@ def test_settings_that_do_not_fit_run_in_chunks_of_one_program(capsys, compiles)
                                atol=1e-6)
 
 
-def test_the_last_chunk_is_padded_to_the_same_program(compiles):
+def test_the_last_call_is_padded_to_the_same_program(compiles):
   config = neural.Training()
   data = federated.stack([digits.federated(10, "classes", 2, seed=0)])
   model = models.make_model("digits-mlp", digits.NUM_CLASSES)
   own = neural.algorithm("fedavg", config, model, 10)
   keys = neural.run_keys([0])
   settings = [neural.hparams_lib.hparams(lr) for lr in (0.01, 0.02, 0.05)]
-  _, per_run = neural.runs_that_fit(own, data, settings[0], keys, available=10**12)
-  unit = lambda name, compute: compute()
-  # Two settings a chunk: chunks of (0.01, 0.02) and (0.05, 0.05 padded).
-  results = neural.settings_unit(unit, "fedavg", own, data, settings, keys, 2, 1, False,
-                                 available=int(2.5 * per_run / 0.9))
+  # Two settings a call: calls of (0.01, 0.02) and (0.05, 0.05 padded).
+  results = batch_lib.Batch(progress=False, width=2).train("fedavg", own, data, settings, keys,
+                                                           2, eval_every=1)
   assert len(results) == 3
   assert [n for n in compiles.names if n == "jit(_run_chunk)"] == ["jit(_run_chunk)"]
   assert all(r["metrics"]["train_loss"].shape == (1, 2) for r in results)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import fedjax_rep as fr
 from fedjax_rep.core import cohort
 from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS, FedRep
 from fedjax_rep.linear.hparams import LinearHparams
@@ -77,14 +78,13 @@ def test_padded_traced_runs_equal_unpadded_runs(name):
                           head_steps=jnp.full(len(counts) * seeds, steps, jnp.int32))
   algorithm = Padded(FedRep(rep_dim=2, head_steps=TRACED_HEAD_STEPS,
                             cohort=cohort.cohort_size(max(counts), participation)))
-  together = shared.run_seeds(algorithm, padded, hparams, jnp.concatenate([keys, keys]),
-                              rounds, progress=False, hparams_axis=0)
+  together = fr.run(algorithm, padded, hparams, shared.run_keys(jnp.concatenate([keys, keys])),
+                    rounds, progress=False, sweep_axes=(0, 0, 0))
   for i, n in enumerate(counts):
     data = linear.seed_data(keys, num_clients=n, **problem)
-    alone = shared.run_seeds(make_algorithm(name, rep_dim=2,
-                                            cohort=cohort.cohort_size(n, participation)),
-                             data, LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.1)),
-                             keys, rounds, progress=False)
+    alone = fr.run(make_algorithm(name, rep_dim=2, cohort=cohort.cohort_size(n, participation)),
+                   data, LinearHparams(lr=jnp.float32(0.1), head_lr=jnp.float32(0.1)),
+                   shared.run_keys(keys), rounds, progress=False, sweep_axes=(0, None, 0))
     for metric in ("principal_angle", "train_loss"):
       np.testing.assert_allclose(together.metrics[metric][i * seeds:(i + 1) * seeds],
                                  alone.metrics[metric], rtol=2e-4, atol=1e-6)

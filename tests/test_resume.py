@@ -53,16 +53,15 @@ def test_a_run_stopped_and_resumed_from_its_checkpoint_equals_an_uninterrupted_o
   whole = fr.run(algorithm, data, hparams, keys, 60, **sweep)
   assert whole.diverged.tolist() == [False, False, True]
 
-  monkeypatch.setattr(checkpoint, "stop_requested", lambda: "SIGTERM")
-  with checkpoint.scope(str(tmp_path), every_rounds=None, every_seconds=None):
-    with pytest.raises(checkpoint.Interrupted, match="SIGTERM at round 10 of 60"):
-      fr.run(algorithm, data, hparams, keys, 60, **sweep)
+  stopping = checkpoint.Scope(str(tmp_path), every_rounds=None, every_seconds=None,
+                              stop=lambda: "SIGTERM")
+  with pytest.raises(checkpoint.Interrupted, match="SIGTERM at round 10 of 60"):
+    fr.run(algorithm, data, hparams, keys, 60, **sweep, checkpoints=stopping)
   (slot,) = os.listdir(tmp_path)  # named by what the run computes
   assert re.fullmatch(r"fedavg-[0-9a-f]{12}", slot)
   assert os.listdir(tmp_path / slot) == ["10"]
-  monkeypatch.undo()
-  with checkpoint.scope(str(tmp_path), every_rounds=20):
-    resumed = fr.run(algorithm, data, hparams, keys, 60, **sweep)
+  resumed = fr.run(algorithm, data, hparams, keys, 60, **sweep,
+                   checkpoints=checkpoint.Scope(str(tmp_path), every_rounds=20))
   for name in whole.metrics:
     np.testing.assert_array_equal(resumed.metrics[name], whole.metrics[name])
   np.testing.assert_array_equal(resumed.diverged, whole.diverged)
@@ -92,9 +91,9 @@ def two_runs(seeds=3):
            "b": (jax.tree.map(lambda x: x / 2, hparams),
                  jax.random.split(jax.random.key(1), seeds))}
 
-  def run(name):
+  def run(name, checkpoints=None):
     return fr.run(algorithm, data, *calls[name], 60, sweep_axes=(0, 0, 0), chunk=10,
-                  progress=False)
+                  progress=False, checkpoints=checkpoints)
 
   return run
 
@@ -108,17 +107,16 @@ def test_two_runs_of_one_unit_resumed_in_swapped_order_get_their_own_state(
   run = two_runs()
   whole = {name: run(name) for name in "ab"}
   stops = iter([None] * 6 + ["SIGTERM"])  # a's six chunks, then b's first
-  monkeypatch.setattr(checkpoint, "stop_requested", lambda: next(stops))
-  with checkpoint.scope(str(tmp_path), every_rounds=20, every_seconds=None):
-    run("a")
-    with pytest.raises(checkpoint.Interrupted, match="SIGTERM at round 10 of 60"):
-      run("b")
-  monkeypatch.undo()
+  scope = checkpoint.Scope(str(tmp_path), every_rounds=20, every_seconds=None,
+                           stop=lambda: next(stops))
+  run("a", scope)
+  with pytest.raises(checkpoint.Interrupted, match="SIGTERM at round 10 of 60"):
+    run("b", scope)
   saved = {name: os.listdir(tmp_path / name) for name in os.listdir(tmp_path)}
   assert sorted(saved.values()) == [["10"], ["40"]]
   steps = restored_steps(monkeypatch)
-  with checkpoint.scope(str(tmp_path), every_rounds=20, every_seconds=None):
-    resumed = {name: run(name) for name in "ba"}
+  scope = checkpoint.Scope(str(tmp_path), every_rounds=20, every_seconds=None)
+  resumed = {name: run(name, scope) for name in "ba"}
   assert [(saved[name], step) for name, step in steps] == [(["10"], 10), (["40"], 40)]
   for name in "ab":
     assert resumed[name].metrics.keys() == whole[name].metrics.keys()
@@ -134,10 +132,10 @@ def test_two_runs_of_one_unit_with_one_identity_are_refused_in_one_line(tmp_path
   """A second call of a unit that computes what an earlier one did would share its
   checkpoints: refused before it runs, naming the checkpoint and what to do."""
   run = two_runs()
-  with checkpoint.scope(str(tmp_path)):
-    run("a")
-    with pytest.raises(checkpoint.IdentityError) as refused:
-      run("a")
+  scope = checkpoint.Scope(str(tmp_path))
+  run("a", scope)
+  with pytest.raises(checkpoint.IdentityError) as refused:
+    run("a", scope)
   assert re.fullmatch(
       rf"two runs of one unit would share the checkpoint {tmp_path}/fedavg-[0-9a-f]{{12}} "
       r"\(the same algorithm, key, hparams, rounds and data shapes\): give them different "
@@ -148,18 +146,16 @@ def test_a_checkpoint_that_records_another_run_is_refused_in_one_line(tmp_path, 
   """b's checkpoint directory holding a's checkpoint (as a clash of names would): b's resume
   refuses it in one line naming it and what differs, and deletes nothing."""
   run = two_runs()
-  monkeypatch.setattr(checkpoint, "stop_requested", lambda: "SIGTERM")
   for name in "ab":
-    with checkpoint.scope(str(tmp_path / name)), pytest.raises(checkpoint.Interrupted):
-      run(name)
-  monkeypatch.undo()
+    with pytest.raises(checkpoint.Interrupted):
+      run(name, checkpoint.Scope(str(tmp_path / name), stop=lambda: "SIGTERM"))
   (b_slot,) = os.listdir(tmp_path / "b")
   (a_slot,) = os.listdir(tmp_path / "a")
   assert a_slot != b_slot
   shutil.rmtree(tmp_path / "b" / b_slot)
   shutil.move(tmp_path / "a" / a_slot, tmp_path / "b" / b_slot)
-  with checkpoint.scope(str(tmp_path / "b")), pytest.raises(checkpoint.IdentityError) as refused:
-    run("b")
+  with pytest.raises(checkpoint.IdentityError) as refused:
+    run("b", checkpoint.Scope(str(tmp_path / "b")))
   directory = tmp_path / "b" / b_slot
   assert str(refused.value) == (
       f"checkpoint {directory}/10 holds another run (its hparams, key differ from this "
@@ -179,12 +175,11 @@ def test_evaluations_survive_a_resume(tmp_path, monkeypatch):
   run = dict(eval_every=2, chunk=2, progress=False)
   whole = fr.run(algorithm, data, hparams, jax.random.key(0), 6, **run)
   calls = iter([None, "SIGINT"])
-  monkeypatch.setattr(checkpoint, "stop_requested", lambda: next(calls))
-  with checkpoint.scope(str(tmp_path)), pytest.raises(checkpoint.Interrupted):
-    fr.run(algorithm, data, hparams, jax.random.key(0), 6, **run)
-  monkeypatch.undo()
-  with checkpoint.scope(str(tmp_path)):
-    resumed = fr.run(algorithm, data, hparams, jax.random.key(0), 6, **run)
+  with pytest.raises(checkpoint.Interrupted):
+    fr.run(algorithm, data, hparams, jax.random.key(0), 6, **run,
+           checkpoints=checkpoint.Scope(str(tmp_path), stop=lambda: next(calls)))
+  resumed = fr.run(algorithm, data, hparams, jax.random.key(0), 6, **run,
+                   checkpoints=checkpoint.Scope(str(tmp_path)))
   np.testing.assert_array_equal(resumed.eval_rounds, [2, 4, 6])
   for name in whole.eval_metrics:
     np.testing.assert_array_equal(resumed.eval_metrics[name], whole.eval_metrics[name])
@@ -312,5 +307,5 @@ def test_files_are_written_as_the_umask_says(tmp_path):
     assert cli.main(["run", *SMALL, "--set", "rounds=2", "--no-progress", "--out", out]) == 0
   finally:
     os.umask(old)
-  for name in ("metrics.csv", "config.json", "fedrep-fig3.png", "parts/n10-20.npz"):
+  for name in ("metrics.csv", "config.json", "fedrep-fig3.png", "parts/n10-20-settings0-0.npz"):
     assert os.stat(os.path.join(out, name)).st_mode & 0o777 == 0o640, name

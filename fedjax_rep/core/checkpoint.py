@@ -2,19 +2,18 @@
 divergence flags) and the metrics so far, saved with orbax every K rounds or T seconds and
 when a stop is requested (SIGINT, SIGTERM), and restored when the same run starts again.
 
-A `scope` (one per unit of work of a recipe, `recipes.outputs.RunDir.unit`) gives each
-`loop.run` call inside it its own `Slot`, named by what the call runs (`slot`): a directory
+A `Scope` (one per unit of work of a recipe, `experiments.outputs.RunDir.checkpoints`),
+passed to `loop.run`, gives each call its own `Slot`, named by what the call runs
+(`Scope.slot`): a directory
 of orbax steps (the round reached), each recording that identity, so a call finds its own
 checkpoints whatever order a unit's calls come in; two calls with one identity, and a step
-that records another, are refused (`IdentityError`). Outside a scope runs save nothing.
+that records another, are refused (`IdentityError`). Without a scope runs save nothing.
 Saves are synchronous; orbax renames a step into place once written, so a killed or failed
 save (`files.WriteError`) leaves the last step intact. A step that cannot be read is
 reported in one line and deleted, and its run goes on from the step before or its start.
 """
 
 import contextlib
-import contextvars
-import dataclasses
 import hashlib
 import json
 import logging
@@ -47,32 +46,6 @@ class IdentityError(ValueError):
   the identity of an earlier one, or a checkpoint that records another identity."""
 
 
-@dataclasses.dataclass
-class _Scope:
-  directory: str
-  every_rounds: int | None
-  every_seconds: float | None
-  names: set = dataclasses.field(default_factory=set)  # the slots that calls took so far
-
-
-_SCOPE = contextvars.ContextVar("fedjax_rep_checkpoint_scope", default=None)
-_STOP = {"signal": None}  # the name of the signal that asked to stop, once one did
-
-
-@contextlib.contextmanager
-def scope(directory: str, every_rounds: int | None = None,
-          every_seconds: float | None = DEFAULT_SECONDS):
-  """Within it, each `loop.run` call checkpoints into directory/NAME (`slot`): after the
-  chunks that end on a multiple of `every_rounds`, and after the first chunk that ends
-  `every_seconds` or more after the last save (None: never by that rule)."""
-  check_policy(every_rounds, every_seconds)
-  token = _SCOPE.set(_Scope(directory, every_rounds, every_seconds))
-  try:
-    yield
-  finally:
-    _SCOPE.reset(token)
-
-
 def check_policy(every_rounds, every_seconds) -> None:
   """Raises ValueError unless every_rounds is an integer >= 1 and every_seconds a number > 0
   (each may be None: never by that rule)."""
@@ -85,61 +58,82 @@ def check_policy(every_rounds, every_seconds) -> None:
                      f"or None, got {every_seconds!r}")
 
 
-def in_scope() -> bool:
-  """Whether `loop.run` calls made here checkpoint (inside a `scope`)."""
-  return _SCOPE.get() is not None
+def never() -> None:
+  """A `Scope`'s `stop` where nothing asks a run to stop: None."""
+  return None
 
 
-def slot(label: str, identity: dict) -> "Slot":
-  """The slot of a `loop.run` call in the current scope (`in_scope`), named by what the call
-  runs: directory/LABEL-HASH, LABEL (e.g. the algorithm's name) with every character outside
-  [A-Za-z0-9._-] replaced by '_', HASH 12 hex digits of a sha256 of `identity` (a dict of
-  JSON values), which the slot's checkpoints record.
+class Scope:
+  """Where the `loop.run` calls of one unit of work checkpoint (`loop.run(checkpoints=...)`):
+  each call into its own `Slot` of `directory` (`slot`), after the chunks that end on a
+  multiple of `every_rounds` and after the first chunk that ends `every_seconds` or more
+  after the last save (None: never by that rule); `stop()` says whether a stop was asked
+  for (the name of a signal, `Signals.requested`, or None): the run then saves and raises
+  `Interrupted`."""
 
-  Raises:
-    IdentityError: an earlier call in the scope took that slot (the same identity).
-  """
-  current = _SCOPE.get()
-  identity = json.loads(json.dumps(identity))  # as a checkpoint's JSON gives it back
-  digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-  directory = os.path.join(current.directory,
-                           f"{re.sub(r'[^A-Za-z0-9._-]', '_', label)}-{digest}")
-  if directory in current.names:
-    raise IdentityError(f"two runs of one unit would share the checkpoint {directory} (the "
-                        f"same algorithm, key, hparams, rounds and data shapes): give them "
-                        f"different keys, or run them in units of their own")
-  current.names.add(directory)
-  return Slot(directory, current.every_rounds, current.every_seconds, identity)
+  def __init__(self, directory: str, every_rounds: int | None = None,
+               every_seconds: float | None = DEFAULT_SECONDS, stop=never):
+    check_policy(every_rounds, every_seconds)
+    self.directory, self.every_rounds, self.every_seconds = directory, every_rounds, every_seconds
+    self.stop = stop
+    self.names = set()  # the slots that calls took so far
+
+  def slot(self, label: str, identity: dict) -> "Slot":
+    """The slot of a `loop.run` call, named by what the call runs: directory/LABEL-HASH,
+    LABEL (e.g. the algorithm's name) with every character outside [A-Za-z0-9._-] replaced
+    by '_', HASH 12 hex digits of a sha256 of `identity` (a dict of JSON values), which the
+    slot's checkpoints record.
+
+    Raises:
+      IdentityError: an earlier call in the scope took that slot (the same identity).
+    """
+    identity = json.loads(json.dumps(identity))  # as a checkpoint's JSON gives it back
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    directory = os.path.join(self.directory,
+                             f"{re.sub(r'[^A-Za-z0-9._-]', '_', label)}-{digest}")
+    if directory in self.names:
+      raise IdentityError(f"two runs of one unit would share the checkpoint {directory} (the "
+                          f"same algorithm, key, hparams, rounds and data shapes): give them "
+                          f"different keys, or run them in units of their own")
+    self.names.add(directory)
+    return Slot(directory, self.every_rounds, self.every_seconds, identity)
 
 
-def stop_requested() -> str | None:
-  """The name of the signal that asked the run to stop (under `stop_on_signals`), or None."""
-  return _STOP["signal"]
+class Signals:
+  """The first SIGINT or SIGTERM received under `stop_on_signals`, if any."""
+
+  def __init__(self):
+    self.name = None
+
+  def requested(self) -> str | None:
+    """The name of the signal that asked the run to stop, or None (a `Scope`'s `stop`)."""
+    return self.name
 
 
 @contextlib.contextmanager
 def stop_on_signals():
   """Within it (main thread only), SIGINT and SIGTERM ask the run to stop at the end of the
-  current chunk, after saving a checkpoint (`loop.run` raises `Interrupted`); a second
-  signal stops at once, as without this."""
+  current chunk, after saving a checkpoint (`loop.run` raises `Interrupted` where its
+  `Scope`'s stop is the `Signals.requested` this yields); a second signal stops at once,
+  as without this."""
+  signals = Signals()
   previous = {}
 
   def handler(signum, frame):
     del frame
-    if _STOP["signal"] is not None:  # the second: what the signal would do without us
+    if signals.name is not None:  # the second: what the signal would do without us
       signal.signal(signum, previous[signum])
       signal.raise_signal(signum)
       return
-    _STOP["signal"] = signal.Signals(signum).name
+    signals.name = signal.Signals(signum).name
 
   for signum in (signal.SIGINT, signal.SIGTERM):
     previous[signum] = signal.signal(signum, handler)
   try:
-    yield
+    yield signals
   finally:
     for signum, old in previous.items():
       signal.signal(signum, old)
-    _STOP["signal"] = None
 
 
 def _silent(record: logging.LogRecord) -> bool:

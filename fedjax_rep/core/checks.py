@@ -24,17 +24,30 @@ from fedjax_rep.core.protocols import Checked
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+def sweep_levels(sweep_axes) -> tuple:
+  """The vmap levels of `loop.run`'s `sweep_axes`, outermost first, each the `in_axes` of
+  (data, hparams, key): () for None, (sweep_axes,) for one such triple, the triples of a
+  list of them (nested sweeps: e.g. settings over runs with the data held once,
+  [(None, 0, None), (0, None, 0)])."""
+  if sweep_axes is None:
+    return ()
+  return tuple(sweep_axes) if isinstance(sweep_axes, list) else (sweep_axes,)
+
+
 def check_run(algorithm, data, hparams, key, state=None, sweep_axes=None) -> None:
   """Raises ValueError on inputs of `loop.run` / `loop.init_state` that cannot run, and warns
   on ones that run but mean little, without compiling anything (see the module docstring).
-  With a sweep, `algorithm.check` sees each run's data in turn (and the whole hparams)."""
-  data_axis = None if sweep_axes is None else sweep_axes[0]
+  With a sweep, `algorithm.check` sees each run's data in turn (and the whole hparams);
+  `sweep_axes` is one (data, hparams, key) triple of `in_axes` or a list of them (nested
+  sweeps, `sweep_levels`)."""
+  levels = sweep_levels(sweep_axes)
+  data_axis = 0 if any(axes[0] == 0 for axes in levels) else None
   data, hparams = host(data), host(hparams)
   for path, leaf in jax.tree_util.tree_leaves_with_path(hparams):
     finite(f"hparams{jax.tree_util.keystr(path)}", leaf,
            advice="step sizes and weights must be finite numbers")
   if isinstance(algorithm, Checked):
-    runs = sweep_runs(data, data_axis)
+    runs = sweep_runs(_flat_runs(data, sum(axes[0] == 0 for axes in levels)), data_axis)
     for index, run_data in enumerate(runs):
       try:
         algorithm.check(run_data, hparams)
@@ -56,8 +69,7 @@ def check_state(algorithm, data, hparams, key, state, sweep_axes) -> None:
     finite(f"state{jax.tree_util.keystr(path)}", leaf,
            advice="a run from it diverges at once; pass finite values")
   init = algorithm.init
-  if sweep_axes is not None:
-    data_axis, hparams_axis, key_axis = sweep_axes
+  for data_axis, hparams_axis, key_axis in reversed(sweep_levels(sweep_axes)):
     init = jax.vmap(init, in_axes=(key_axis, data_axis, hparams_axis))
   try:
     initial = jax.eval_shape(init, key, data, hparams)
@@ -114,6 +126,21 @@ def sweep_runs(tree, axis) -> list:
     return leaf[index, ...]  # an array, also where the run's leaf is a scalar
 
   return [jax.tree.map(lambda leaf: run(leaf, index), tree) for index in range(runs)]
+
+
+def _flat_runs(tree, depth: int):
+  """`tree` (leaves from `host`) with its `depth` leading sweep axes as one (as is for a
+  depth of 0 or 1)."""
+  if depth < 2:
+    return tree
+
+  def flat(leaf):
+    shape = (int(np.prod(leaf.shape[:depth])), *leaf.shape[depth:])
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(shape, leaf.dtype)
+    return leaf.reshape(shape)
+
+  return jax.tree.map(flat, tree)
 
 
 def concrete(*arrays) -> bool:

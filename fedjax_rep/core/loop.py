@@ -163,32 +163,54 @@ def jit_by_algorithm(**jit_kwargs):
   return wrap
 
 
-@jit_by_algorithm(static_argnames=("algorithm", "chunk", "sweep_axes"),
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+  """An `in_axes` pytree (e.g. a dict of hparams' axes) as a hashable static argument."""
+  treedef: Any
+  leaves: tuple
+
+  @classmethod
+  def of(cls, tree):
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=lambda x: x is None)
+    return cls(treedef, tuple(leaves))
+
+  def tree(self):
+    return jax.tree.unflatten(self.treedef, self.leaves)
+
+
+def _frozen_levels(sweep_axes) -> tuple:
+  """`checks.sweep_levels` of `sweep_axes`, each axis `_Frozen` (static arguments)."""
+  return tuple(tuple(map(_Frozen.of, axes)) for axes in checks.sweep_levels(sweep_axes))
+
+
+def _nested(fun, levels, axes):
+  """`fun` vmapped once per level of `levels` (`_frozen_levels`, outermost first) with
+  in_axes `axes(level)`, a level as the (data, hparams, key) axes."""
+  for level in reversed(levels):
+    fun = jax.vmap(fun, in_axes=axes(tuple(axis.tree() for axis in level)))
+  return fun
+
+
+@jit_by_algorithm(static_argnames=("algorithm", "chunk", "levels"),
                    donate_argnames=("state", "diverged", "reference"))
 def _run_chunk(algorithm, state, diverged, reference, data, hparams, key, start, stop, blowup,
-               *, chunk, sweep_axes):
-  rounds_key = _split_keys(key, sweep_axes)[1]
+               *, chunk, levels):
+  rounds_key = _split_keys(key, levels)[1]
   scan = functools.partial(_scan_rounds, algorithm, chunk=chunk)
-  if sweep_axes is not None:
-    scan = jax.vmap(scan, in_axes=(0, 0, 0, *sweep_axes, None, None, None))
+  scan = _nested(scan, levels, lambda axes: (0, 0, 0, *axes, None, None, None))
   return scan(state, diverged, reference, data, hparams, rounds_key, start, stop, blowup)
 
 
-@jit_by_algorithm(static_argnames=("algorithm", "sweep_axes"))
-def _init(algorithm, key, data, hparams, *, sweep_axes):
-  key = _split_keys(key, sweep_axes)[0]
-  init = algorithm.init
-  if sweep_axes is not None:
-    data_axis, hparams_axis, key_axis = sweep_axes
-    init = jax.vmap(init, in_axes=(key_axis, data_axis, hparams_axis))
+@jit_by_algorithm(static_argnames=("algorithm", "levels"))
+def _init(algorithm, key, data, hparams, *, levels):
+  key = _split_keys(key, levels)[0]
+  init = _nested(algorithm.init, levels, lambda axes: (axes[2], axes[0], axes[1]))
   return init(key, data, hparams)
 
 
-@jit_by_algorithm(static_argnames=("algorithm", "sweep_axes"))
-def _evaluate(algorithm, state, data, hparams, *, sweep_axes):
-  evaluate = algorithm.evaluate
-  if sweep_axes is not None:
-    evaluate = jax.vmap(evaluate, in_axes=(0, *sweep_axes[:2]))
+@jit_by_algorithm(static_argnames=("algorithm", "levels"))
+def _evaluate(algorithm, state, data, hparams, *, levels):
+  evaluate = _nested(algorithm.evaluate, levels, lambda axes: (0, *axes[:2]))
   return evaluate(state, data, hparams)
 
 
@@ -210,7 +232,7 @@ def init_state(algorithm, data, hparams, key, *, sweep_axes=None):
     The state of `algorithm.init`; its leaves get a leading [sweep] axis when sweeping.
   """
   checks.check_run(algorithm, data, hparams, key, sweep_axes=sweep_axes)
-  return _init(algorithm, key, data, hparams, sweep_axes=sweep_axes)
+  return _init(algorithm, key, data, hparams, levels=_frozen_levels(sweep_axes))
 
 
 def evaluate(algorithm, state, data, hparams, *, sweep_axes=None):
@@ -227,13 +249,15 @@ def evaluate(algorithm, state, data, hparams, *, sweep_axes=None):
   Returns:
     The metrics dict of `algorithm.evaluate`: scalars, or [sweep] when sweeping.
   """
-  return _evaluate(algorithm, state, data, hparams, sweep_axes=sweep_axes)
+  return _evaluate(algorithm, state, data, hparams, levels=_frozen_levels(sweep_axes))
 
 
-def _split_keys(key, sweep_axes):
-  if sweep_axes is not None and sweep_axes[2] == 0:
-    return jax.vmap(split_run_key)(key)
-  return split_run_key(key)
+def _split_keys(key, levels):
+  split = split_run_key
+  for axes in levels:
+    if axes[2].tree() == 0:
+      split = jax.vmap(split)
+  return split(key)
 
 
 def _placed_like(value, state):
@@ -307,7 +331,7 @@ def _fingerprint(tree, values: bool) -> str:
 def _identity(algorithm, data, hparams, key, num_rounds, state, start_round, diverged,
               reference, blowup, eval_every, sweep_axes) -> dict:
   """What a call of `run` computes, as its checkpoints are named by and record
-  (`checkpoint.slot`): the algorithm's name and structure (its repr), the values of the
+  (`checkpoint.Scope.slot`): the algorithm's name and structure (its repr), the values of the
   key, hparams and a resumed run's flags and reference, the structure, shapes and dtypes
   of data and of a given state (their values are the unit's), the rounds, the blow-up
   bound, the evaluation period and the sweep axes; fingerprints where not plain numbers."""
@@ -332,8 +356,9 @@ def _next_boundary(t: int, num_rounds: int, *periods: int) -> int:
 def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_round: int = 0,
         diverged=None, reference=None, blowup: float | None = DEFAULT_BLOWUP,
         chunk: int | None = None, eval_every: int | None = None,
-        sweep_axes: tuple | None = None, progress: bool = True,
-        desc: str | None = None, callbacks=(), callback_state: bool = False) -> RunResult:
+        sweep_axes: tuple | list | None = None, progress: bool = True,
+        desc: str | None = None, callbacks=(), callback_state: bool = False,
+        checkpoints: checkpoint.Scope | None = None) -> RunResult:
   """Runs rounds [start_round, num_rounds) of `algorithm` and returns state and metrics.
 
   Args:
@@ -354,15 +379,19 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     eval_every: for algorithms with `evaluate`: evaluate after every `eval_every` rounds
       (and after the last); None: after the last round only.
     sweep_axes: `in_axes` of (data, hparams, key) to vmap the whole run over a leading
-      sweep axis (seeds, step sizes); None for a single run.
+      sweep axis (seeds, step sizes), or a list of them to vmap it over nested leading axes,
+      outermost first (`checks.sweep_levels`); None for a single run.
     progress: show a progress bar (rounds done / total, rounds per second).
     desc: the progress bar's label; default `algorithm.name`.
     callbacks: functions called with a `Chunk` after each chunk of rounds run here (in round
       order; not those restored from a checkpoint), e.g. to log metrics as they come.
     callback_state: give the callbacks a host copy of the state (`Chunk.state`).
+    checkpoints: where the run checkpoints (`checkpoint.Scope`: its slot for this call,
+      `checkpoint.Scope.slot`) and whether a stop was asked for; None: no checkpoints.
 
   Returns:
-    RunResult with metrics[name] of shape [rounds] ([sweep, rounds] when sweeping), where
+    RunResult with metrics[name] of shape [rounds] ([sweep, rounds] when sweeping; [*sweeps,
+    rounds] over nested sweeps), where
     rounds = num_rounds - start_round. A run that diverges (its state or a metric becomes
     non-finite, or its tracked metric exceeds the bound) stops there (the state keeps its
     value before that round; the rest of a sweep goes on): from that round on
@@ -372,9 +401,9 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
   Raises:
     ValueError: num_rounds, start_round, chunk, eval_every or blowup out of range. Inputs
       that fail `checks.check_run` raise its errors; all before anything compiles.
-    checkpoint.IdentityError: inside a checkpoint scope (a recipe's unit), a second call
-      with the identity of an earlier one, which would share its checkpoints, or a
-      checkpoint of the call's name that records another identity (`checkpoint.slot`).
+    checkpoint.IdentityError: with `checkpoints` (a recipe's unit), a second call with the
+      identity of an earlier one, which would share its checkpoints, or a checkpoint of the
+      call's name that records another identity (`checkpoint.Scope.slot`).
   """
   checks.check_run(algorithm, data, hparams, key, state, sweep_axes)
   if isinstance(num_rounds, bool) or not isinstance(num_rounds, (int, np.integer)) \
@@ -387,24 +416,25 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
       raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
   if blowup is not None and not blowup > 0:
     raise ValueError(f"blowup must be a number > 0 or None, got {blowup!r}")
-  slot = checkpoint.slot(algorithm.name, _identity(
+  levels = _frozen_levels(sweep_axes)
+  slot = checkpoints.slot(algorithm.name, _identity(
       algorithm, data, hparams, key, num_rounds, state, start_round, diverged, reference,
-      blowup, eval_every, sweep_axes)) if checkpoint.in_scope() else None
+      blowup, eval_every, sweep_axes)) if checkpoints is not None else None
   if state is None:
-    state = _init(algorithm, key, data, hparams, sweep_axes=sweep_axes)
+    state = _init(algorithm, key, data, hparams, levels=levels)
   else:  # the chunks donate the state they carry: keep the caller's arrays valid (a copy;
     # numpy leaves are placed, which compiles nothing; device arrays by jnp.copy, which
     # copies arrays spread over processes, where jax.device_put fails)
     state = jax.tree.map(lambda leaf: jnp.copy(leaf) if isinstance(leaf, jax.Array)
                          else jax.device_put(leaf, may_alias=False), state)
   state = jax.block_until_ready(state)
-  sweep_shape = () if sweep_axes is None else jax.tree.leaves(state)[0].shape[:1]
+  sweep_shape = jax.tree.leaves(state)[0].shape[:len(levels)]
   diverged = _placed_like(
       np.zeros(sweep_shape, bool) if diverged is None else np.array(diverged, bool), state)
   reference = _placed_like(np.full(sweep_shape, np.nan, np.float32) if reference is None
                            else np.array(reference, np.float32), state)
   blowup = np.float32(np.inf if blowup is None else blowup)  # numpy: no eager op to compile
-  axis = 0 if sweep_axes is None else 1  # the rounds axis of the metrics
+  axis = len(levels)  # the rounds axis of the metrics
   evaluated = isinstance(algorithm, Evaluated)
   periods = [eval_every] if evaluated and eval_every else []
   todo = num_rounds - start_round
@@ -425,7 +455,7 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     stop = _next_boundary(t, num_rounds, chunk, *periods)
     (state, diverged, reference), metrics = _run_chunk(
         algorithm, state, diverged, reference, data, hparams, key, np.int32(t),
-        np.int32(stop), blowup, chunk=chunk, sweep_axes=sweep_axes)
+        np.int32(stop), blowup, chunk=chunk, levels=levels)
     metrics = jax.device_get(metrics)
     pieces.append({k: np.take(v, np.arange(stop - t), axis=axis) for k, v in metrics.items()})
     evaluation = {}
@@ -443,7 +473,7 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     bar.update(stop - t)
     t = stop
     # In a job of several processes, all of them stop and save together.
-    asked = checkpoint.stop_requested()
+    asked = None if checkpoints is None else checkpoints.stop()
     stopping = distributed.any_process(asked is not None)
     if slot is not None and t < num_rounds and distributed.any_process(stopping or slot.due(t)):
       slot.save(t, {"state": state, "diverged": diverged, "reference": reference},

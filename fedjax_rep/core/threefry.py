@@ -44,7 +44,7 @@ def hash_2x32(k1, k2, x1, x2, *, rolled: bool = True):
 
   rolled: the rounds as a loop of 5 steps of 4 rounds, as JAX's CPU lowering does (the
   operands first broadcast to one shape); else written out, 20 rounds that XLA fuses with
-  what follows into one loop over the output (`linear.normals`). The same bits either way.
+  what follows into one loop over the output (`core.normals`). The same bits either way.
   """
   if rolled:
     shape = jnp.broadcast_shapes(k1.shape, k2.shape, x1.shape, x2.shape)

@@ -2,30 +2,24 @@
 algorithm over all seeds as one program, and their metrics.csv rows and summary."""
 
 import dataclasses
-import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.data import validation
-from fedjax_rep.linear import memory
 from fedjax_rep.nn import contract as nn_contract
 from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import cost as cost_lib
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
-from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import program as program_lib
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.nn import sharded as nn_sharded
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import placement
 from fedjax_rep.experiments import shared
-from fedjax_rep.experiments import tracking
 
 TRACED = ("lr", "momentum", "weight_decay")  # the fields a grid sweeps in one program
 ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local")
@@ -248,28 +242,6 @@ def validated(data, config, seed: int):
   return validation.split(data, config.validation_fraction, seed)
 
 
-def trained_unit(unit, unit_name, algorithm, data, hparams, keys, rounds, eval_every,
-                 progress, keep_model=False, sweep_axes=(0, None, 0), members=None):
-  """Cached unit `unit_name`: `algorithm` on every run of `data` (a leading axis of runs,
-  e.g. seeds, with one key of `keys` each) as one vmapped program; metrics [runs, rounds],
-  eval_rounds [E], eval metrics [runs, E] and, with keep_model, the final shared params
-  (nested, leaves [runs, ...]) under 'model'. With `members` (each run's metrics.csv
-  columns: algorithm, seed, settings), the active tracker logs the runs as they compute
-  (`tracking.live`)."""
-
-  def compute():
-    result = loop.run(algorithm, data, hparams, keys, rounds, eval_every=eval_every,
-                      sweep_axes=sweep_axes, progress=progress, desc=unit_name,
-                      callbacks=tracking.live(members) if members else ())
-    out = {"metrics": result.metrics, "eval_rounds": result.eval_rounds,
-           "eval": result.eval_metrics}
-    if keep_model:
-      out["model"] = params_lib.unflatten(result.state.shared)
-    return out
-
-  return unit(unit_name, compute)
-
-
 def algorithm(name, config, model, num_clients):
   """Algorithm `name` with its structure, placement (devices, cohort groups), whom it
   evaluates (eval_clients) and the structure of its conventions (FLUTE*'s order) from
@@ -301,94 +273,30 @@ def traced_keys(config) -> tuple[str, ...]:
   return (*TRACED, *config.declared_options())
 
 
-def trained(unit, unit_name, name, config, model, data, keys, num_clients, progress,
-            grid=None, runs=None) -> list[dict]:
-  """`trained_unit` of algorithm `name` (`algorithm`) for config.rounds rounds, once per
-  combination of `grid` (dicts of traced keys, `traced_keys`; None: config's own values),
-  as a list of results in the grid's order, each with its `cost` (COST: `nn.cost` of the
+def trained(batch, unit_name, name, config, model, data, keys, num_clients, grid=None,
+            runs=None) -> list[dict]:
+  """Algorithm `name` (`algorithm`) trained for config.rounds rounds on every run of `data`
+  (R runs, keys [R]), once per combination of `grid` (dicts of traced keys, `traced_keys`;
+  None: config's own values), by `batch` (`batch.Batch.train`, units `unit_name...`): a
+  list of results in the grid's order, each with its `cost` (COST: `nn.cost` of the
   algorithm itself, flops_per_round at config's values, a cached unit). Run by the
   program that it shares with the others of config.algorithms (`nn.program`), when there
   are any (one compilation for all of them), with the flags of config's conventions that
-  the program takes. A grid's G combinations run with every run of `data` as one program
-  of G x runs runs (hparams stacked, data and keys tiled: `settings_unit`). `runs`: the
-  metrics.csv columns of each run of `data` (seed, settings), with which the active tracker
-  logs them as they compute (`trained_unit`'s members)."""
+  the program takes. `runs`: the metrics.csv columns of each run of `data` (seed,
+  settings), with which the tracker logs them as they compute."""
   members = [[{"algorithm": name, **run, **combination} for run in runs]
              for combination in grid or [{}]] if runs else None
   peers = [algorithm(n, config, model, num_clients) for n in config.algorithms]
   own = algorithm(name, config, model, num_clients)
   settings = [cfg.apply(config, combination) for combination in grid or [{}]]
   programs = [shared_program(s, own, hparams(s), peers, data) for s in settings]
-  if not grid:
-    program, program_hparams = programs[0]
-    results = [trained_unit(unit, unit_name, program, data, program_hparams, keys,
-                            config.rounds, config.eval_every, progress,
-                            members=members and members[0])]
-  else:
-    results = settings_unit(unit, unit_name, programs[0][0], data, [h for _, h in programs],
-                            keys, config.rounds, config.eval_every, progress,
-                            members=members)
-  flops = unit(f"{unit_name}-flops", lambda: {"flops_per_round": np.float64(
+  results = batch.train(unit_name, programs[0][0], data, [h for _, h in programs], keys,
+                        config.rounds, eval_every=config.eval_every, members=members)
+  flops = batch.unit(f"{unit_name}-flops", lambda: {"flops_per_round": np.float64(
       cost_lib.round_flops(own, data, hparams(config)))})["flops_per_round"]
   return [{**result, "cost": {**cost_lib.communication(own, data, hparams(s)),
                               "flops_per_round": float(flops)}}
           for result, s in zip(results, settings)]
-
-
-# Of one run's state, the copies a chunk holds at once (the carried state, the new one, the
-# donated buffers and the optimiser's) beside one copy of its data.
-STATE_COPIES = 4
-
-
-def runs_that_fit(algorithm, data, hparams, keys, available: int | None = None) -> tuple:
-  """(runs, estimate): how many runs of `data` (one run's leaves after the leading axis)
-  with state `algorithm.init` fit in USABLE of the memory `available` (default:
-  `linear.memory.available_bytes()`), at one copy of a run's data and STATE_COPIES of its
-  state each; and the bytes per run."""
-  one = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree)
-  state = jax.eval_shape(algorithm.init, one(keys), one(data), hparams)
-  size = lambda tree: sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
-                          for a in jax.tree.leaves(tree))
-  per_run = size(data) // max(1, jax.tree.leaves(data)[0].shape[0]) + STATE_COPIES * size(state)
-  available = memory.available_bytes() if available is None else available
-  return max(1, int(memory.USABLE * available) // max(1, per_run)), per_run
-
-
-def settings_unit(unit, unit_name, program, data, settings_hparams: list, keys, rounds,
-                  eval_every, progress, available: int | None = None,
-                  members=None) -> list[dict]:
-  """`trained_unit` results of `program` with each of the G `settings_hparams` (hparams of
-  one structure) on every run of `data` (R runs, keys [R]): the G x R runs as one vmapped
-  program (hparams leaves repeated R times, data and keys tiled G times; run g * R + r is
-  setting g on run r), split into chunks of equal settings where they would not fit in
-  memory (`runs_that_fit`; said on stderr; the last chunk padded with its last setting, so
-  every chunk runs one compiled program), units '<unit_name>' or '<unit_name>-settings
-  A-B'. `members[g]`: the columns of setting g's R runs (`trained_unit`'s members). Returns
-  one result per setting, as `trained_unit`'s of its R runs."""
-  width = jax.tree.leaves(data)[0].shape[0]  # R
-  count = len(settings_hparams)
-  fit, per_run = runs_that_fit(program, data, settings_hparams[0], keys, available)
-  size = max(1, min(count, fit // width))
-  chunks = -(-count // size)
-  if chunks > 1:
-    print(f"fedjax-rep: {unit_name}: {count} settings x {width} runs need about "
-          f"{count * width * per_run / 1e9:.2f} GB, more than fits; running them as {chunks} "
-          f"programs of {size} settings", file=sys.stderr)
-  results = []
-  for start in range(0, count, size):
-    chosen = settings_hparams[start:start + size]
-    chosen = chosen + chosen[-1:] * (size - len(chosen))  # the same shape for every chunk
-    stacked = jax.tree.map(lambda *leaves: np.repeat(np.stack(leaves), width, axis=0), *chosen)
-    name = unit_name if chunks == 1 else f"{unit_name}-settings{start}-{start + size - 1}"
-    padded = range(start, start + size)
-    result = trained_unit(unit, name, program, shared.concatenate([data] * size), stacked,
-                          jnp.tile(keys, size), rounds, eval_every, progress,
-                          sweep_axes=(0, 0, 0),
-                          members=members and [m for g in padded
-                                               for m in members[min(g, count - 1)]])
-    results += [runs(result, g * width, (g + 1) * width)
-                for g in range(min(size, count - start))]
-  return results
 
 
 def run_keys(seed_values, repeats: int = 1) -> jax.Array:

@@ -108,7 +108,8 @@ class RunDir:
   grid, written by the same code; a config.json without a grid is a run without one) are
   reused, and a unit's checkpoints (`core.checkpoint`, every `every_rounds` rounds or
   `every_seconds` seconds) resume it mid-way, so an interrupted run continues where it
-  stopped when started again with the same --out.
+  stopped when started again with the same --out; `stop` says whether a stop was asked for
+  (`core.checkpoint.Scope`'s).
 
   Refused with an OutputError before any work: a path that is a file or cannot be
   created, a non-empty directory that is not a run of this recipe, and a run of it with
@@ -124,8 +125,10 @@ class RunDir:
 
   def __init__(self, path: str, config: dict, *, overwrite: bool = False,
                every_rounds: int | None = None,
-               every_seconds: float | None = checkpoint.DEFAULT_SECONDS):
+               every_seconds: float | None = checkpoint.DEFAULT_SECONDS,
+               stop=checkpoint.never):
     self.path, self.every_rounds, self.every_seconds = path, every_rounds, every_seconds
+    self.stop = stop
     if os.path.exists(path) and not os.path.isdir(path):
       raise OutputError(f"--out {path} is a file, not a directory: give a directory (a new "
                         f"one is created)")
@@ -247,9 +250,8 @@ class RunDir:
     """compute() -> a dict of arrays, possibly nested (dicts of dicts: e.g. a final state's
     params), saved as parts/NAME.npz under '/'-joined keys; loaded instead if already there
     (computed again, after one line saying so, where it cannot be read). While it computes,
-    each of its runs (`loop.run` calls) checkpoints into parts/NAME.ckpt/ALGORITHM-HASH,
-    named by what the run computes (`core.checkpoint.slot`); parts/NAME.ckpt is deleted
-    once the unit is saved."""
+    its runs checkpoint into `checkpoints(name)`; parts/NAME.ckpt is deleted once the unit
+    is saved."""
     path = os.path.join(self.path, "parts", name + ".npz")
     distributed.barrier(f"fedjax-rep: unit {name}")  # every process sees the same parts
     if os.path.exists(path):
@@ -258,12 +260,17 @@ class RunDir:
           return tree.unflatten({k: saved[k] for k in saved.files})
       except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         distributed.warn(f"{path} cannot be read ({error}): computing the unit {name} again")
-    checkpoints = os.path.join(self.path, "parts", name + ".ckpt")
-    with checkpoint.scope(checkpoints, self.every_rounds, self.every_seconds):
-      result = compute()
+    result = compute()
     flat = tree.flatten(result)
     self.write(os.path.join("parts", name + ".npz"),
                lambda f: np.savez(f, **{k: np.asarray(v) for k, v in flat.items()}))
     if distributed.is_writer():
-      shutil.rmtree(checkpoints, ignore_errors=True)
+      shutil.rmtree(os.path.join(self.path, "parts", name + ".ckpt"), ignore_errors=True)
     return result
+
+  def checkpoints(self, name: str) -> checkpoint.Scope:
+    """The checkpoints of the runs (`loop.run` calls) of unit `name`: each into
+    parts/NAME.ckpt/ALGORITHM-HASH, named by what the run computes
+    (`core.checkpoint.Scope.slot`)."""
+    return checkpoint.Scope(os.path.join(self.path, "parts", name + ".ckpt"),
+                            self.every_rounds, self.every_seconds, self.stop)

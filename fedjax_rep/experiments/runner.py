@@ -22,9 +22,11 @@ from fedjax_rep.core import checkpoint
 from fedjax_rep.core import distributed
 from fedjax_rep.core import files
 from fedjax_rep.core import threefry
+from fedjax_rep.experiments import batch as batch_lib
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import outputs
 from fedjax_rep.experiments import placement
+from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import plugins as plugins_lib
 from fedjax_rep.experiments import registry
 from fedjax_rep.experiments import selection
@@ -35,11 +37,6 @@ def check_seeds(seeds) -> int:
   if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
     raise cfg.ConfigError(f"--seeds must be an integer >= 1, got {seeds!r}")
   return seeds
-
-
-def _call_unit(name, compute):
-  del name
-  return compute()
 
 
 def _prepare(name, quick, seeds, overrides, grid):
@@ -53,20 +50,21 @@ def _prepare(name, quick, seeds, overrides, grid):
   return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds), swept
 
 
-def _sweep(recipe, config, seeds, swept, unit, progress, tracker=None) -> list[dict]:
+def _sweep(recipe, config, seeds, swept, batch) -> list[dict]:
   """The rows of every combination of the sweep `swept`: one call of recipe.run per
   combination of the shape-changing keys (with grid=[traced combinations] where the recipe
   traces swept keys), each caching its units under the prefix 'KEY=VALUE,...--'; every row
   gets the swept keys and the `grid` label of its combination as columns. Without a grid:
-  recipe.run's rows. First says on stderr which combinations train on mock data
-  (`mock_lines`). With a `tracking.Tracker`, each call runs with it active, and its rows'
-  metrics are logged to it (those not logged as they ran)."""
+  recipe.run's rows. Each call runs its runs through `batch` (`batch_lib.Batch`: units,
+  checkpoints, progress, tracker). First says on stderr which combinations train on mock
+  data (`mock_lines`). With a tracker (batch.tracker), its rows' metrics are logged to it
+  (those not logged as they ran)."""
   if distributed.is_writer():
     for line in mock_lines(recipe, swept.configs):
       print(line, file=sys.stderr)
+  tracker = batch.tracker
   if not swept.grid:
-    with tracking.active(tracker):
-      rows = recipe.run(config, seeds, unit=unit, progress=progress)
+    rows = recipe.run(config, seeds, batch)
     _track(tracker, recipe, rows)
     return rows
   traced_keys = recipe.traced(config) if callable(recipe.traced) else recipe.traced
@@ -78,10 +76,8 @@ def _sweep(recipe, config, seeds, swept, unit, progress, tracker=None) -> list[d
     prefix = cfg.combination_label(shape, ",") + "--" if shape else ""
     if tracker is not None:
       tracker.combination = shape
-    with tracking.active(tracker):
-      shape_rows = recipe.run(cfg.apply(config, shape), seeds,
-                              unit=lambda name, compute, p=prefix: unit(p + name, compute),
-                              progress=progress, **traced_grid)
+    shape_rows = recipe.run(cfg.apply(config, shape), seeds, batch.prefixed(prefix),
+                            **traced_grid)
     start = len(rows)
     for row in shape_rows:
       label = cfg.combination_label({key: shape[key] if key in shape else row.get(key)
@@ -168,7 +164,8 @@ def run(name: str, *, quick: bool = False, seeds: int | None = None, overrides=(
   if log:
     tracking.check_new(log_dir)
   with _tracker(log, log_dir, name, swept, fresh=False) as tracker:
-    rows = _sweep(recipe, config, seeds, swept, _call_unit, progress, tracker)
+    rows = _sweep(recipe, config, seeds, swept, batch_lib.Batch(progress=progress,
+                                                                tracker=tracker))
     if tracker is not None:
       tracker.finish(_summary(recipe, rows, config, swept) if recipe.summarize else [])
   _say_diverged(rows)
@@ -193,7 +190,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
                checkpoint_rounds: int | None = None,
                checkpoint_seconds: float | None = checkpoint.DEFAULT_SECONDS,
                plugins=(), select: bool = False, confirm_seeds: int | None = None,
-               log=()) -> str:
+               log=(), stop=checkpoint.never) -> str:
   """Runs recipe `name` over every combination of `grid` into a run directory.
 
   It writes metrics.csv, config.json (the grid, the code's revision, the plugins),
@@ -220,6 +217,9 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
       the run's) and add its test statistic there to selection.csv.
     log: as `run`'s, writing into the run directory (out/tensorboard, out/mlflow.db);
       recorded in config.json, and a resumed run adds only the rounds its logs lack.
+    stop: stop() -> the name of a signal that asked the run to stop, or None
+      (`core.checkpoint.Signals.requested`): the running unit then checkpoints and raises
+      `checkpoint.Interrupted`.
 
   Returns:
     The run directory.
@@ -251,9 +251,12 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
             **config.record(swept),
             "versions": outputs.versions()},
       overwrite=overwrite, every_rounds=checkpoint_rounds,
-      every_seconds=checkpoint_seconds) as run_dir, _tracker(
+      every_seconds=checkpoint_seconds, stop=stop) as run_dir, _tracker(
           log, out, name, swept, fresh=overwrite) as tracker:
-    rows = _sweep(recipe, config, seeds, swept, run_dir.unit, progress, tracker)
+    plotting.prefetch()  # the figure's library loads while the rounds run
+    batch = batch_lib.Batch(unit=run_dir.unit, checkpoints=run_dir.checkpoints,
+                            progress=progress, tracker=tracker)
+    rows = _sweep(recipe, config, seeds, swept, batch)
     columns = (*grid, "grid") if grid else ()
     run_dir.write_csv("metrics.csv", [{k: v for k, v in row.items()
                                        if k not in recipe.summary_only} for row in rows],
@@ -269,7 +272,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
       chosen = selection.choose(entries, grid)
       if confirm_seeds:
         chosen = selection.confirmed(chosen, _confirm(recipe, config, seeds, grid, chosen,
-                                                      confirm_seeds, run_dir.unit, progress),
+                                                      confirm_seeds, batch),
                                      grid, confirm_seeds)
       run_dir.write_csv("selection.csv", chosen, first=selection.setting_keys(chosen, grid))
       run_dir.write("selection.png", lambda f: selection.plot(entries, chosen, grid, f))
@@ -282,7 +285,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
 
 
 def _confirm(recipe, config, seeds: int, grid: dict, chosen: list[dict], confirm_seeds: int,
-             unit, progress) -> list[dict]:
+             batch) -> list[dict]:
   """The summary entries (with the swept keys) of the chosen combinations (`selection.choose`'s
   rows) run again on `confirm_seeds` fresh seeds, those after the run's `seeds`: one run
   of the recipe per combination, of the algorithms that chose it where the recipe has
@@ -297,8 +300,8 @@ def _confirm(recipe, config, seeds: int, grid: dict, chosen: list[dict], confirm
     fresh = dataclasses.replace(cfg.apply(config, combination), seed=config.seed + seeds)
     if config.algorithms:
       fresh = dataclasses.replace(fresh, algorithms=tuple(names))
-    rows = recipe.run(fresh, confirm_seeds, progress=progress,
-                      unit=lambda name, compute, p=f"confirm-{label}--": unit(p + name, compute))
+    rows = recipe.run(fresh, confirm_seeds,
+                      dataclasses.replace(batch.prefixed(f"confirm-{label}--"), tracker=None))
     entries += [{**entry, **combination}
                 for entry in recipe.summarize([{**r, **combination} for r in rows], fresh)]
   return entries

@@ -1,18 +1,9 @@
-"""What every recipe shares, linear or neural: seeds, sweeps run as one program, cached
-units of work and metrics.csv rows."""
+"""What every recipe shares, linear or neural: seeds, their keys, trained runs and
+metrics.csv rows."""
 
 import jax
 import numpy as np
 
-from fedjax_rep.core import loop
-from fedjax_rep.experiments import plotting
-from fedjax_rep.experiments import tracking
-
-
-def concatenate(trees):
-  """Leafwise concatenation along the leading axis, on the host (small trees; no eager
-  device ops, so nothing compiles)."""
-  return jax.tree.map(lambda *x: np.concatenate([np.asarray(v) for v in x]), *trees)
 
 
 def seed_keys(first_seed: int, seeds: int) -> jax.Array:
@@ -32,36 +23,22 @@ def run_keys(keys: jax.Array, index: jax.Array | None = None) -> jax.Array:
   return keys[:, 2] if index is None else keys[index, 2]
 
 
-def run_seeds(algorithm, data, hparams, keys, num_rounds, progress=True, desc=None,
-              hparams_axis=None, members=None):
-  """Runs `algorithm` on every seed at once (one vmapped program); data has a seed axis
-  (a leading sweep axis of runs), and so do hparams where hparams_axis=0. keys [runs, 3]
-  (seed_keys), or the run keys [runs] themselves (`run_keys`). With `members` (each run's
-  metrics.csv columns, `members`), the active tracker logs the runs as they compute."""
-  keys = run_keys(keys) if keys.ndim == 2 else keys
-  plotting.prefetch()  # the figure's library loads while the rounds run
-  return loop.run(algorithm, data, hparams, keys, num_rounds,
-                  sweep_axes=(0, hparams_axis, 0), progress=progress, desc=desc,
-                  callbacks=tracking.live(members) if members else ())
-
-
 def members(algorithm: str, seeds: list[int], **columns) -> list[dict]:
   """The metrics.csv columns of the runs of `algorithm` on `seeds`, in order, with
-  `columns` (as `round_rows` gives its rows): the runs a tracker logs (`tracking.live`)."""
+  `columns` (as `round_rows` gives its rows): the runs a tracker logs (`Batch.live`)."""
   return [{"algorithm": algorithm, "seed": seed, **columns} for seed in seeds]
 
 
-def trained(unit, algorithm, data, hparams, keys, num_rounds, progress, keep=("B",),
-            members=None):
-  """Cached unit '<name>-train': metrics [seeds, rounds] of `run_seeds` (logging `members`),
-  plus the final state's fields `keep` ([seeds, ...]) under their own names."""
-
-  def compute():
-    result = run_seeds(algorithm, data, hparams, keys, num_rounds, progress, desc=algorithm.name,
-                       members=members)
-    return {**result.metrics, **{k: np.asarray(getattr(result.state, k)) for k in keep}}
-
-  return unit(f"{algorithm.name}-train", compute)
+def trained(batch, algorithm, data, hparams, keys, num_rounds, keep=("B",), members=None):
+  """Unit '<name>-train' of `batch` (`batch.Batch.train`): `algorithm` on every seed of
+  `data` (a leading seed axis) with `hparams`; metrics [seeds, rounds], plus the final
+  state's fields `keep` ([seeds, ...]) under their own names. keys [seeds, 3] (seed_keys);
+  `members`: each run's metrics.csv columns (`members`), logged live."""
+  result = batch.train(
+      f"{algorithm.name}-train", algorithm, data, [hparams], run_keys(keys), num_rounds,
+      members=members and [members], desc=algorithm.name,
+      keep=lambda state: {k: np.asarray(getattr(state, k)) for k in keep})[0]
+  return {**result["metrics"], **{k: result[k] for k in keep}}
 
 
 def nan_where_diverged(values, metrics: dict[str, np.ndarray]) -> np.ndarray:

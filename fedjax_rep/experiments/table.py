@@ -80,7 +80,7 @@ def check_paired(config, *names: str) -> None:
                           f"same length; got {lengths}")
 
 
-def run(config, seeds: int, unit, progress, settings: list[dict], dataset, model,
+def run(config, seeds: int, batch, settings: list[dict], dataset, model,
         grid=None) -> list:
   """metrics.csv rows of every algorithm of config.algorithms in every setting, and in
   every combination of `grid` (traced keys: `neural.trained`).
@@ -99,8 +99,8 @@ def run(config, seeds: int, unit, progress, settings: list[dict], dataset, model
                                                config) for s in group for seed in seed_values])
     group_keys = neural.run_keys(seed_values, len(group))  # run i*seeds + j: setting i
     for name in config.algorithms:
-      results = neural.trained(unit, f"{name}-n{num_clients}", name, config, model, data,
-                               group_keys, num_clients, progress, grid,
+      results = neural.trained(batch, f"{name}-n{num_clients}", name, config, model, data,
+                               group_keys, num_clients, grid,
                                runs=[{**s, "seed": seed} for s in group for seed in seed_values])
       for combination, result in zip(grid or [{}], results):
         for i, setting in enumerate(group):
@@ -131,7 +131,7 @@ def shard_settings(config: ShardConfig) -> list[dict]:
           for n, s in zip(config.num_clients, config.classes_per_client)]
 
 
-def shard_run(config: ShardConfig, seeds, unit, progress, arrays, model,
+def shard_run(config: ShardConfig, seeds, batch, arrays, model,
               grid=None) -> list[dict]:
   """Rows of every algorithm on the pooled arrays (x, y, x_test, y_test) partitioned by
   `partition.classes` in every setting."""
@@ -144,7 +144,7 @@ def shard_run(config: ShardConfig, seeds, unit, progress, arrays, model,
         classes_per_client=setting["classes_per_client"], size_sigma=config.size_sigma)
     return federated.client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes)
 
-  return run(config, seeds, unit, progress, shard_settings(config), dataset, model, grid)
+  return run(config, seeds, batch, shard_settings(config), dataset, model, grid)
 
 
 def table(rows, config, dataset: str, settings: list[dict], paper: dict) -> list[dict]:

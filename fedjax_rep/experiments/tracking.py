@@ -399,23 +399,3 @@ def check_new(path: str) -> None:
   if held:
     raise cfg.ConfigError(f"log_dir {path} already holds {' and '.join(held)} of another run: "
                           f"give a new log_dir")
-
-
-_ACTIVE = []  # the Tracker of the recipe running now, if any
-
-
-@contextlib.contextmanager
-def active(tracker: Tracker | None):
-  """Makes `tracker` the one `live` gives callbacks of, for the block (None: none)."""
-  _ACTIVE.append(tracker)
-  try:
-    yield tracker
-  finally:
-    _ACTIVE.pop()
-
-
-def live(members: list[dict]) -> tuple:
-  """`loop.run`'s callbacks that log the runs `members` (`Tracker.live`) into the active
-  tracker; none where there is none."""
-  tracker = _ACTIVE[-1] if _ACTIVE else None
-  return () if tracker is None else (tracker.live(members),)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_rep.linear import features
-from fedjax_rep.linear import normals
+from fedjax_rep.core import normals
 
 VECTOR = 16  # float32 lanes of a 512-bit vector register
 

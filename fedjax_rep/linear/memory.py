@@ -8,11 +8,7 @@ memory on an accelerator), naming the sizes and what to change. Per-client state
 blocks (`blocks.block_size`), whose temporaries are O(block).
 """
 
-import contextlib
-import os
-
-import jax
-
+from fedjax_rep.core.memory import USABLE, available_bytes
 from fedjax_rep.linear import blocks
 
 MODES = ("fixed", "fresh", "fresh-statistics")
@@ -23,7 +19,6 @@ DEVICE_BYTES = 35 << 20  # each further emulated device's runtime
 HEAD_COPIES = 5  # [n, k]: init, the run's copy, the carry, the new heads, the finite select
 SHARDED_HEAD_COPIES = 3  # more [n, k] copies when resharding over devices > 1
 BLOCK_COPIES = 4  # a block's design and labels: drawn or sliced, copied, products, residuals
-USABLE = 0.9  # `check` leaves this fraction of the available memory to the run
 
 
 def estimate(num_clients: int, dim: int, rep_dim: int, samples: int, mode: str = "fresh", *,
@@ -71,31 +66,6 @@ def estimate(num_clients: int, dim: int, rep_dim: int, samples: int, mode: str =
       "runtime": RUNTIME_BYTES + (devices - 1) * DEVICE_BYTES,
   }
   return {**parts, "total": sum(parts.values())}
-
-
-def device_stats(devices: int = 1, key: str = "bytes_limit") -> list[dict] | None:
-  """The allocator's memory statistics (`Device.memory_stats()`) of the first `devices`
-  devices of an accelerator (jax's default backend not the CPU), or None on the CPU or
-  where one of them does not report `key`."""
-  if jax.default_backend() == "cpu":
-    return None
-  stats = [device.memory_stats() or {} for device in jax.devices()[:devices]]
-  return stats if all(key in s for s in stats) else None
-
-
-def available_bytes(devices: int = 1) -> int:
-  """Memory available to a new allocation now: on an accelerator whose allocator reports
-  it, the free memory (limit less in use) of its first `devices` devices together
-  (`device_stats`); else MemAvailable of /proc/meminfo, else the free physical pages
-  (os.sysconf)."""
-  stats = device_stats(devices)
-  if stats is not None:
-    return sum(s["bytes_limit"] - s.get("bytes_in_use", 0) for s in stats)
-  with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-    for line in f:
-      if line.startswith("MemAvailable:"):
-        return int(line.split()[1]) * 1024
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def describe(parts: dict) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 from fedjax_rep.core import checks
 from fedjax_rep.core import struct
 from fedjax_rep.linear import features
-from fedjax_rep.linear import normals
+from fedjax_rep.core import normals
 
 
 @struct.dataclass

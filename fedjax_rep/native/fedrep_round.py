@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_rep.linear import normals
+from fedjax_rep.core import normals
 from fedjax_rep.native import build
 
 LIBRARY = "fedrep_round"

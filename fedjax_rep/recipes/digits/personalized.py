@@ -55,14 +55,14 @@ def data(config: Config, seed_values):
       config.dirichlet_alpha, seed=s), config, s) for s in seed_values])
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> list[dict]:
+def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   seed_values = config.seed_values(seeds)
   datasets = data(config, seed_values)
   model = models.make_model(config.model, digits.NUM_CLASSES, precision=config.precision)
   rows = []
   for name in config.algorithms:
-    results = neural.trained(unit, name, name, config, model, datasets,
-                             neural.run_keys(seed_values), config.num_clients, progress, grid,
+    results = neural.trained(batch, name, name, config, model, datasets,
+                             neural.run_keys(seed_values), config.num_clients, grid,
                              runs=[{"seed": s} for s in seed_values])
     for combination, result in zip(grid or [{}], results):
       rows += neural.rows(name, seed_values, result, **combination)

@@ -40,7 +40,7 @@ class TrainingConfig(linear.Sampled):
                               "population", ("population", "fixed", "fresh"))
 
 
-def train(config, keys, local_steps: int, unit, progress: bool):
+def train(config, keys, local_steps: int, batch):
   """Runs FedAvg with `local_steps` on every seed; returns (name, data, metrics + final B
   and w)."""
   name = algorithm_name(local_steps)
@@ -52,6 +52,6 @@ def train(config, keys, local_steps: int, unit, progress: bool):
                              cohort=cohort_size(config.num_clients, config.participation),
                              init_method="random-scaled")
   return name, data, shared.trained(
-      unit, algorithm, data, linear.hparams(config), keys, config.rounds, progress,
+      batch, algorithm, data, linear.hparams(config), keys, config.rounds,
       keep=("B", "w"), members=shared.members(name, config.seed_values(len(keys)),
                                               local_steps=local_steps))

@@ -19,12 +19,12 @@ class Config(ft.TrainingConfig):
   """FedAvg with tau in {2, 5, 10} and D-GD, 2000 rounds (the training defaults)."""
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+def run(config: Config, seeds: int, batch) -> list[dict]:
   seed_values = config.seed_values(seeds)
   keys = shared.seed_keys(config.seed, seeds)
   rows = []
   for tau in config.local_steps:
-    name, _, trained = ft.train(config, keys, tau, unit, progress)
+    name, _, trained = ft.train(config, keys, tau, batch)
     metrics = {k: v for k, v in trained.items() if k not in ("B", "w")}
     rows += shared.round_rows(name, seed_values, metrics, local_steps=tau)
   return rows

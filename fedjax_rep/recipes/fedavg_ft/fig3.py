@@ -49,16 +49,16 @@ def fine_tune_errors(keys, B, w, B_star, noise_std, lr, sample_counts, num_clien
                   in_axes=(0, 0, 0, 0, None, None))(keys, B, w, B_star, noise_std, lr)
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+def run(config: Config, seeds: int, batch) -> list[dict]:
   seed_values = config.seed_values(seeds)
   keys = shared.seed_keys(config.seed, seeds)
   new_client_keys = jax.vmap(lambda k: jax.random.fold_in(k, 4))(keys[:, 0])
   rows = []
   for tau in config.local_steps:
-    name, data, trained = ft.train(config, keys, tau, unit, progress)
+    name, data, trained = ft.train(config, keys, tau, batch)
     B, w = trained.pop("B"), trained.pop("w")
     rows += shared.round_rows(name, seed_values, trained, local_steps=tau)
-    errors = unit(f"{name}-finetune", lambda: {"finetune_error": np.asarray(fine_tune_errors(
+    errors = batch.unit(f"{name}-finetune", lambda: {"finetune_error": np.asarray(fine_tune_errors(
         new_client_keys, jnp.asarray(B), jnp.asarray(w), data.B_star,
         config.finetune_noise_std, jnp.float32(config.finetune_lr), config.finetune_samples,
         config.new_clients, config.finetune_steps))})["finetune_error"]

@@ -151,7 +151,10 @@ def analyse(algorithm, model, probe_x, probe_y, new, hparams, keys, *, seen: int
       model, probe_x, probe_y, new, keys)
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
+  """Rows of both algorithms and their analysis, for every combination of `grid` (traced
+  keys: lr, momentum, weight_decay; None: config's values); the combinations of an
+  algorithm train by `batch` as one program."""
   seed_values = config.seed_values(seeds)
   clients, probes, new = zip(*[seed_data(config, s) for s in seed_values])
   clients, new = federated.stack(list(clients)), tree.stack(new)
@@ -159,7 +162,8 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
   model = models.make_model(config.model, digits.NUM_CLASSES, precision=config.precision)
   cohort = cohort_size(config.num_clients, config.participation)
   keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data
-  run_keys = shared.run_keys(keys)
+  combos = grid or [{}]
+  settings = [neural.hparams(cfg.apply(config, combo)) for combo in combos]
   rows, finals, trained_metrics = [], [], []
   for name in ALGORITHMS:
     steps = local_steps(name, config)
@@ -168,37 +172,47 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
         client_group=config.client_group, local_steps=config.local_steps)  # d-sgd: 1 step
     # D-SGD runs tau times the rounds, evaluated at FedAvg's numbers of local updates.
     scale = config.local_steps // steps
-    result = neural.trained_unit(unit, name, algorithm, clients, neural.hparams(config),
-                                 run_keys, config.rounds * scale,
-                                 config.eval_every * scale, progress, keep_model=True,
-                                 members=shared.members(name, seed_values, local_steps=steps))
-    algorithm_rows = neural.rows(name, seed_values, result, local_steps=steps)
-    for r in algorithm_rows:
-      r["local_updates"] = r["round"] * steps
-    rows += algorithm_rows
-    finals.append(params_lib.flatten(result["model"]))
-    trained_metrics.append(result["metrics"])
+    results = batch.train(
+        name, algorithm, clients, settings, shared.run_keys(keys), config.rounds * scale,
+        eval_every=config.eval_every * scale,
+        keep=lambda state: {"model": params_lib.unflatten(state.shared)},
+        members=[shared.members(name, seed_values, local_steps=steps, **combo)
+                 for combo in combos])
+    for combo, result in zip(combos, results):
+      algorithm_rows = neural.rows(name, seed_values, result, local_steps=steps, **combo)
+      for r in algorithm_rows:
+        r["local_updates"] = r["round"] * steps
+      rows += algorithm_rows
+    finals.append([params_lib.flatten(result["model"]) for result in results])
+    trained_metrics.append([result["metrics"] for result in results])
   seen = digits.NUM_CLASSES - config.unseen_classes
-  # One program for both final models: the last algorithm's structure serves both.
-  analysis = unit("analysis", lambda: jax.device_get(analyse(
-      algorithm, tree.stack(finals), probe_x, probe_y, new, neural.hparams(config),
-      keys[:, 1], seen=seen, epochs=config.finetune_epochs)))
-  analysis = {k: np.stack([shared.nan_where_diverged(v[a], metrics)  # NaN: diverged runs
-                           for a, metrics in enumerate(trained_metrics)])
-              for k, v in analysis.items()}
-  return rows + analysis_rows(analysis, seed_values, config)
+  for c, (combo, hparams) in enumerate(zip(combos, settings)):
+    # One program for both final models: the last algorithm's structure serves both.
+    analysis = batch.unit("analysis" if grid is None else f"analysis-{c}",
+                          lambda: jax.device_get(analyse(
+                              algorithm, tree.stack([f[c] for f in finals]), probe_x,
+                              probe_y, new, hparams, keys[:, 1], seen=seen,
+                              epochs=config.finetune_epochs)))
+    analysis = {k: np.stack([shared.nan_where_diverged(v[a], metrics[c])  # NaN: diverged
+                             for a, metrics in enumerate(trained_metrics)])
+                for k, v in analysis.items()}
+    rows += analysis_rows(analysis, seed_values, config, **combo)
+  return rows
 
 
-def analysis_rows(analysis: dict, seed_values: list[int], config: Config) -> list[dict]:
+def analysis_rows(analysis: dict, seed_values: list[int], config: Config,
+                  **columns) -> list[dict]:
   """metrics.csv rows of the analysis: per algorithm and seed, one row per class pair
   (class_a, class_b, cosine_similarity), one with the similarity gaps, and one per k
-  (finetune_samples, new_client_accuracy and its std over the new clients)."""
+  (finetune_samples, new_client_accuracy and its std over the new clients); each with
+  `columns` (a grid's combination)."""
   rows = []
   for a, name in enumerate(ALGORITHMS):
     steps = local_steps(name, config)
     for s, seed_value in enumerate(seed_values):
       final_round = config.rounds * config.local_steps // steps
-      base = {"algorithm": name, "seed": seed_value, "round": final_round, "local_steps": steps}
+      base = {"algorithm": name, "seed": seed_value, "round": final_round,
+              "local_steps": steps, **columns}
       matrix = analysis["similarity"][a, s]
       rows += [{**base, "class_a": i, "class_b": j, "cosine_similarity": float(matrix[i, j])}
                for i in range(matrix.shape[0]) for j in range(matrix.shape[1])]
@@ -320,4 +334,4 @@ RECIPE = register(Recipe(
             "updates; feature cosine similarity; new clients of unseen classes fine-tune "
             "a head",
     config=Config, quick={"rounds": 30, "num_clients": 20, "local_steps": 10}, run=run,
-    plot=plot, default_seeds=3, summarize=summarize))
+    plot=plot, default_seeds=3, summarize=summarize, traced=("lr", "momentum", "weight_decay")))

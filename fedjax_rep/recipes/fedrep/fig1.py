@@ -41,7 +41,7 @@ def local_test_error(data):
       local_lib.local_models(d.X, d.y), d.X_test, d.y_test))(data)
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+def run(config: Config, seeds: int, batch) -> list[dict]:
   seed_values = config.seed_values(seeds)
   keys = shared.seed_keys(config.seed, seeds)
   cohort = cohort_size(config.num_clients, config.participation)
@@ -52,7 +52,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
                             test_samples=config.test_samples)
     for name in config.algorithms:
       if name == "local":
-        metrics = unit(f"local-m{m}", lambda: {"test_error": np.asarray(
+        metrics = batch.unit(f"local-m{m}", lambda: {"test_error": np.asarray(
             local_test_error(data))[:, None]})
         rows += [dict(row, round=0) for row in shared.round_rows(
             name, seed_values, metrics, samples_per_client=m)]
@@ -61,10 +61,10 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
           name, rep_dim=config.rep_dim, cohort=cohort, local_steps=config.fedavg_local_steps,
           init_method=config.fedavg_init if name == "fedavg" else "moments",
           kernel=config.kernel if name == "fedrep" else "xla"), config)
-      metrics = unit(f"{name}-m{m}", lambda: shared.run_seeds(
-          algorithm, data, linear.hparams(config), keys, config.rounds, progress,
-          desc=f"{name} m={m}",
-          members=shared.members(name, seed_values, samples_per_client=m)).metrics)
+      metrics = batch.train(
+          f"{name}-m{m}", algorithm, data, [linear.hparams(config)], shared.run_keys(keys),
+          config.rounds, desc=f"{name} m={m}",
+          members=[shared.members(name, seed_values, samples_per_client=m)])[0]["metrics"]
       rows += shared.round_rows(name, seed_values, metrics, samples_per_client=m)
   return rows
 

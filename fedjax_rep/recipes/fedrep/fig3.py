@@ -11,7 +11,6 @@ written: m fresh samples per round) every n converges, n=10 included, only slowe
 
 import dataclasses
 
-import jax
 import numpy as np
 
 from fedjax_rep.core.cohort import cohort_size
@@ -42,7 +41,7 @@ class Config(linear.Sampled):
 HEAD_STEPS = {"fedrep": 0, "gd-gd": 1, "10gd-gd": 10}  # head GD steps (0: exact heads)
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> list[dict]:
+def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   """Rows of every algorithm, n and seed (and `grid` combination of traced keys: lr,
   head_lr). The algorithms differ only in a traced number (head steps) and the values of n
   are padded to a common client count, so each padding group is one compiled program;
@@ -58,13 +57,10 @@ def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> l
     data = linear.padded_seed_data(
         keys, group, config.participation, mode=config.data_mode, dim=config.dim,
         rep_dim=config.rep_dim, noise_std=config.noise_std, samples=config.samples_per_client)
-    runs = [(c, name, n) for c in range(len(combos)) for name in config.algorithms
-            for n in group]
-    index = np.concatenate([group.index(n) * seeds + np.arange(seeds) for _, _, n in runs])
-    hparams = [LinearHparams(lr=np.float32(cfg_c.lr), head_lr=np.float32(cfg_c.head_lr),
-                             head_steps=np.int32(HEAD_STEPS[name]))
-               for cfg_c, name in ((dataclasses.replace(config, **combos[c]), name)
-                                   for c, name, _ in runs) for _ in range(seeds)]
+    settings = [(c, name) for c in range(len(combos)) for name in config.algorithms]
+    hparams = [LinearHparams(lr=np.float32(combos[c].get("lr", config.lr)),
+                             head_lr=np.float32(combos[c].get("head_lr", config.head_lr)),
+                             head_steps=np.int32(HEAD_STEPS[name])) for c, name in settings]
     algorithm = FedRep(rep_dim=config.rep_dim, head_steps=TRACED_HEAD_STEPS,
                        cohort=max(cohort_size(n, config.participation) for n in group))
     if placement.sharded(config):
@@ -72,15 +68,17 @@ def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> l
     else:
       algorithm = Padded(algorithm)
     label = "-".join(map(str, group))
-    metrics = unit(f"n{label}", lambda: shared.run_seeds(
-        algorithm, jax.tree.map(lambda leaf: np.take(np.asarray(leaf), index, axis=0), data),
-        shared.concatenate([jax.tree.map(lambda x: x[None], h) for h in hparams]),
-        shared.run_keys(keys, np.tile(np.arange(seeds), len(runs))), config.rounds, progress,
-        desc=f"n={label}", hparams_axis=0, members=[
-            m for c, name, n in runs
-            for m in shared.members(name, seed_values, **combos[c], num_clients=n)]).metrics)
-    for r, run_key in enumerate(runs):
-      curves[run_key] = {k: v[r * seeds:(r + 1) * seeds] for k, v in metrics.items()}
+    results = batch.train(
+        f"n{label}", algorithm, data, hparams,
+        shared.run_keys(keys, np.tile(np.arange(seeds), len(group))), config.rounds,
+        desc=f"n={label}", members=[
+            [m for n in group for m in shared.members(name, seed_values, **combos[c],
+                                                      num_clients=n)]
+            for c, name in settings])
+    for (c, name), result in zip(settings, results):
+      for i, n in enumerate(group):
+        curves[c, name, n] = {k: v[i * seeds:(i + 1) * seeds]
+                              for k, v in result["metrics"].items()}
   return [row for c, combo in enumerate(combos) for n in config.num_clients
           for name in config.algorithms
           for row in shared.round_rows(name, seed_values, curves[c, name, n], **combo,

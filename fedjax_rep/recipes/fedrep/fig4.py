@@ -44,7 +44,7 @@ def new_client_errors(keys, B, B_star, noise_std, sample_counts, num_clients, te
                   in_axes=(0, None if B is None else 0, 0, None))(keys, B, B_star, noise_std)
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+def run(config: Config, seeds: int, batch) -> list[dict]:
   seed_values = config.seed_values(seeds)
   keys = shared.seed_keys(config.seed, seeds)
   data = linear.seed_data(keys, num_clients=config.num_clients, dim=config.dim,
@@ -60,12 +60,12 @@ def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
           name, rep_dim=config.rep_dim, cohort=cohort, local_steps=config.fedavg_local_steps,
           init_method=config.fedavg_init if name == "fedavg" else "moments",
           kernel=config.kernel if name == "fedrep" else "xla"), config)
-      metrics = shared.trained(unit, algorithm, data, linear.hparams(config), keys,
-                               config.rounds, progress,
+      metrics = shared.trained(batch, algorithm, data, linear.hparams(config), keys,
+                               config.rounds,
                                members=shared.members(name, seed_values))
       B = metrics.pop("B")
       rows += shared.round_rows(name, seed_values, metrics)
-    errors = unit(f"{name}-new", lambda: {"new_client_error": np.asarray(new_client_errors(
+    errors = batch.unit(f"{name}-new", lambda: {"new_client_error": np.asarray(new_client_errors(
         new_client_keys, B, data.B_star, config.noise_std, config.new_client_samples,
         config.new_clients, config.test_samples))})["new_client_error"]
     if name != "local":

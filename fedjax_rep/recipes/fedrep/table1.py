@@ -80,11 +80,11 @@ class Sent140Config(table.Fields):
       leaf.require("sent140", None)
 
 
-def cifar_run(config: CifarConfig, seeds, unit, progress=True, grid=None) -> list[dict]:
+def cifar_run(config: CifarConfig, seeds, batch, grid=None) -> list[dict]:
   arrays = tfds_data.load(config.dataset, mock_examples=config.mock_examples
                           if config.source == "mock" else None)
   model = models.make_model(f"{config.dataset}-cnn", precision=config.precision)
-  return table.shard_run(config, seeds, unit, progress, arrays, model, grid)
+  return table.shard_run(config, seeds, batch, arrays, model, grid)
 
 
 def _leaf_directory(dataset: str, config, users: int, tmp: str) -> str | None:
@@ -94,17 +94,17 @@ def _leaf_directory(dataset: str, config, users: int, tmp: str) -> str | None:
   return leaf.write_example(dataset, tmp, users, config.mock_examples, seed=config.seed)
 
 
-def femnist_run(config: FemnistConfig, seeds, unit, progress=True, grid=None) -> list[dict]:
+def femnist_run(config: FemnistConfig, seeds, batch, grid=None) -> list[dict]:
   with tempfile.TemporaryDirectory() as tmp:
     directory = _leaf_directory("femnist", config, 3 * max(config.num_clients), tmp)
     arrays = leaf.femnist_letters(max(config.num_clients) * config.samples_per_client,
                                   config.seed, directory)
-  return table.shard_run(config, seeds, unit, progress, arrays,
+  return table.shard_run(config, seeds, batch, arrays,
                           models.make_model("mlp", len(leaf.FEMNIST_LETTERS),
                                             precision=config.precision), grid)
 
 
-def sent140_run(config: Sent140Config, seeds, unit, progress=True, grid=None) -> list[dict]:
+def sent140_run(config: Sent140Config, seeds, batch, grid=None) -> list[dict]:
   """The users (so the vocabulary) are drawn once, from config.seed; seeds vary training."""
   glove_present, glove_path = leaf.glove_status()
   use_glove = config.glove == "auto" and glove_present
@@ -118,7 +118,7 @@ def sent140_run(config: Sent140Config, seeds, unit, progress=True, grid=None) ->
         glove_path=glove_path if use_glove else None, directory=directory)
   model = models.make_model("sent140-lstm", 2, vocab_size=vocab_size, embeddings=embeddings,
                              precision=config.precision)
-  return table.run(config, seeds, unit, progress, sent140_settings(config),
+  return table.run(config, seeds, batch, sent140_settings(config),
                     lambda setting, seed: data, model, grid)
 
 

@@ -55,14 +55,14 @@ def settings(config: Config) -> list[dict]:
           for a, b in zip(config.alpha, config.beta)]
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> list[dict]:
+def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   def dataset(setting, seed):
     return synthetic.federated(setting["alpha"], setting["beta"], config.num_clients, seed,
                                max_samples=config.max_samples,
                                test_fraction=config.test_fraction)
 
   model = models.make_model("synthetic-mlp", precision=config.precision)
-  return table.run(config, seeds, unit, progress, settings(config), dataset, model, grid)
+  return table.run(config, seeds, batch, settings(config), dataset, model, grid)
 
 
 def summarize(rows, config: Config):

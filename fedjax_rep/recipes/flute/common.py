@@ -85,7 +85,7 @@ def with_rep_dim(data, rep_dim):
 
 
 def hparams(config, gamma1: np.ndarray) -> LinearHparams:
-  """Hparams with a leading sweep axis of len(gamma1) (numpy: no eager device ops)."""
+  """Hparams of the shape of gamma1 (numpy: no eager device ops)."""
   full = lambda v: np.full(gamma1.shape, v, np.float32)
   return LinearHparams(lr=full(config.lr), head_lr=full(config.lr), reg_lr=full(config.reg_lr),
                        gamma1=np.asarray(gamma1, np.float32), gamma2=full(config.gamma2))
@@ -106,42 +106,35 @@ def programs(names, *, rep_dim, num_clients, loss, gamma1s):
   return groups
 
 
-def run_cell(config, keys, unit, progress, *, rep_dim, num_clients, samples, algorithms,
+def run_cell(config, keys, batch, *, rep_dim, num_clients, samples, algorithms,
              gamma1s, **columns):
   """Rows of every algorithm (and every gamma1 for FLUTE) x N x seed of one (k, M) cell.
 
-  Each program (see `programs`) runs once, vmapped over its runs x N x seed; every row also
-  carries the seed's rank-k floor `rank_k_error`.
+  Each program (see `programs`) runs its runs (settings) over N x seed, by `batch`; every
+  row also carries the seed's rank-k floor `rank_k_error`.
   """
   seeds = keys.shape[0]
   seed_values = config.seed_values(seeds)
   data = problem_data(keys, np.float32(config.noise_std), num_clients=num_clients,
                       dim=config.dim, samples=tuple(samples), spectrum=config.spectrum)
   data, floors = jax.device_get(with_rep_dim(data, rep_dim))
-  block = len(samples) * seeds  # runs of one (name, gamma1): N-major, then seed
-  block_keys = shared.run_keys(keys, np.tile(np.arange(seeds), len(samples)))
+  block_keys = shared.run_keys(keys, np.tile(np.arange(seeds), len(samples)))  # N-major
   rows = []
   for program, runs in programs(algorithms, rep_dim=rep_dim, num_clients=num_clients,
                                 loss=config.loss, gamma1s=gamma1s).items():
-    tiled = shared.concatenate([data] * len(runs))
-    hp = hparams(config, np.repeat(np.asarray([g for _, _, g in runs]), block))
-    run_keys = shared.run_keys(keys, np.tile(np.arange(seeds), len(samples) * len(runs)))
+    extras = [{"gamma1": float(gamma1)} if name == "flute" else {} for name, _, gamma1 in runs]
     cell = f"{program.name}-k{rep_dim}-M{num_clients}"
-
-    def compute():
-      state = shared.concatenate([
-          loop.init_state(algorithm, data, hparams(config, np.full(block, gamma1)),
-                          block_keys, sweep_axes=(0, 0, 0)) for _, algorithm, gamma1 in runs])
-      return loop.run(program, tiled, hp, run_keys, config.rounds, state=state,
-                      blowup=config.blowup or None, sweep_axes=(0, 0, 0), progress=progress,
-                      desc=cell).metrics
-
-    metrics = unit(cell, compute)
-    for r, (name, _, gamma1) in enumerate(runs):
-      extra = {"gamma1": float(gamma1)} if name == "flute" else {}
+    results = batch.train(
+        cell, program, data, [hparams(config, np.asarray(gamma1)) for _, _, gamma1 in runs],
+        block_keys, config.rounds, blowup=config.blowup or None,
+        starts=[algorithm for _, algorithm, _ in runs], members=[
+            [m for samples_n in samples for m in shared.members(
+                name, seed_values, rep_dim=rep_dim, num_clients=num_clients,
+                samples_per_client=samples_n, **columns, **extra)]
+            for (name, _, _), extra in zip(runs, extras)])
+    for (name, _, _), extra, result in zip(runs, extras, results):
       for n, samples_n in enumerate(samples):
-        start = r * block + n * seeds
-        part = {k: v[start:start + seeds] for k, v in metrics.items()}
+        part = {k: v[n * seeds:(n + 1) * seeds] for k, v in result["metrics"].items()}
         for row in shared.round_rows(name, seed_values, part, rep_dim=rep_dim,
                                      num_clients=num_clients, samples_per_client=samples_n,
                                      **columns, **extra):
@@ -204,14 +197,14 @@ def check_rep_dims(config):
                           f"integer in [1, dim={config.dim}] (k <= d)")
 
 
-def run_grid(config, seeds, unit, progress, *, rep_dims, client_counts, samples):
+def run_grid(config, seeds, batch, *, rep_dims, client_counts, samples):
   """Rows of config.algorithms (a GridConfig) on every (k, M) cell, each cell vmapped over
   N x seed."""
   keys = shared.seed_keys(config.seed, seeds)
   rows = []
   for k in rep_dims:
     for m in client_counts:
-      rows += run_cell(config, keys, unit, progress, rep_dim=k, num_clients=m, samples=samples,
+      rows += run_cell(config, keys, batch, rep_dim=k, num_clients=m, samples=samples,
                        algorithms=config.algorithms, gamma1s=(config.gamma1,))
   return rows
 

@@ -30,8 +30,8 @@ def grid(config: Config) -> dict:
           "samples": config.samples_per_client}
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  return fc.run_grid(config, seeds, unit, progress, **grid(config))
+def run(config: Config, seeds: int, batch) -> list[dict]:
+  return fc.run_grid(config, seeds, batch, **grid(config))
 
 
 def plot(rows, config: Config, file, figure: str = "FLUTE Fig. 3") -> None:

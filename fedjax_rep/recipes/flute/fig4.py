@@ -31,8 +31,8 @@ class Config(fc.ProblemConfig):
     fc.check_rep_dims(self)
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
-  return fc.run_cell(config, shared.seed_keys(config.seed, seeds), unit, progress,
+def run(config: Config, seeds: int, batch) -> list[dict]:
+  return fc.run_cell(config, shared.seed_keys(config.seed, seeds), batch,
                      rep_dim=config.rep_dim, num_clients=config.num_clients,
                      samples=config.samples_per_client, algorithms=("flute",),
                      gamma1s=tuple(r * config.gamma2 for r in config.gamma1_ratios))

@@ -74,7 +74,7 @@ def settings(config: Config) -> list[dict]:
   return table.shard_settings(config)
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> list[dict]:
+def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   if config.dataset == "digits":
     x, y, x_test, y_test = digits.load(config.seed)
     model = models.make_model("digits-mlp", digits.NUM_CLASSES, precision=config.precision)
@@ -82,7 +82,7 @@ def run(config: Config, seeds: int, unit, progress: bool = True, grid=None) -> l
     x, y, x_test, y_test = tfds_data.load(
         config.dataset, mock_examples=config.mock_examples if config.source == "mock" else None)
     model = models.make_model(f"{config.dataset}-cnn", precision=config.precision)
-  return table.shard_run(config, seeds, unit, progress, (x, y, x_test, y_test), model,
+  return table.shard_run(config, seeds, batch, (x, y, x_test, y_test), model,
                           grid)
 
 

@@ -16,11 +16,8 @@ run (docs/papers/srpfl.md).
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fedjax_rep.core import loop
 from fedjax_rep.hetero import schedule, speeds, timed
 from fedjax_rep.linear.fedrep import FedRep
 from fedjax_rep.experiments import config as cfg
@@ -133,7 +130,7 @@ def expected_time(participants: np.ndarray, num_clients: int, rounds: float,
   return schedule.expected_wall_clock(num_clients, participants[:int(rounds)], 1.0, comm_cost)
 
 
-def run_panel(config, keys, unit, progress, *, num_clients, speed, comm_costs, algorithms):
+def run_panel(config, keys, batch, *, num_clients, speed, comm_costs, algorithms):
   """Rows of `algorithms` x comm_costs x seeds on N = num_clients with one speed model: one
   vmapped program (algorithms and C are hyperparameters). Every row carries the seed's
   target and the run's rounds_to_target, time_to_target and, for fixed Exp(1) speeds,
@@ -148,26 +145,28 @@ def run_panel(config, keys, unit, progress, *, num_clients, speed, comm_costs, a
                                  init_method=config.init, orthonormalize=True),
                           speed_model(speed, num_clients), cohort=num_clients)
   label = f"N{num_clients}-{speed}"
-  per_seed = lambda tree: jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], seeds, 0), tree)
 
-  def run(unit_name, schedules):
-    """metrics [names, C, seeds, T] of the runs with participants schedules[name, C]."""
-    hp = shared.concatenate([per_seed(timed.hparams(linear.hparams(config), n_t, c))
-                             for name in names for c, n_t in zip(comm_costs, schedules[name])])
-    runs = len(names) * len(comm_costs)
-    metrics = unit(unit_name, lambda: loop.run(
-        algorithm, shared.concatenate([data] * runs), hp, jnp.tile(keys[:, 2], (runs,)),
-        config.rounds, sweep_axes=(0, 0, 0), progress=progress, desc=unit_name).metrics)
-    return {k: v.reshape(len(names), len(comm_costs), seeds, -1) for k, v in metrics.items()}
+  def run(unit_name, schedules, logged):
+    """metrics [names, C, seeds, T] of the runs with participants schedules[name, C] (the
+    tracker logs them where `logged`)."""
+    runs = [(name, c, n_t) for name in names for c, n_t in zip(comm_costs, schedules[name])]
+    results = batch.train(
+        unit_name, algorithm, data,
+        [timed.hparams(linear.hparams(config), n_t, c) for _, c, n_t in runs],
+        shared.run_keys(keys), config.rounds, members=[
+            shared.members(name, seed_values, num_clients=num_clients, speed_model=speed,
+                           comm_cost=c) for name, c, _ in runs] if logged else None)
+    return {k: np.stack([r["metrics"][k] for r in results]).reshape(
+        len(names), len(comm_costs), seeds, -1) for k in results[0]["metrics"]}
 
   calibration = None
   if config.schedule == "theorem":  # a pilot: every run as FedRep, same program
     pilot = run(f"{label}-pilot", {name: [participants("fedrep", config, num_clients, c)
-                                          for c in comm_costs] for name in names})
+                                          for c in comm_costs] for name in names}, False)
     calibration = calibrate(pilot["principal_angle"][0, 0], config.floor_rounds)
   schedules = {name: [participants(name, config, num_clients, c, calibration)
                       for c in comm_costs] for name in names}
-  metrics = run(label, schedules)
+  metrics = run(label, schedules, True)
   rows = []
   for j, c in enumerate(comm_costs):
     floor = metrics["principal_angle"][0, j, :, -config.floor_rounds:].mean(axis=1)
@@ -180,9 +179,10 @@ def run_panel(config, keys, unit, progress, *, num_clients, speed, comm_costs, a
       for s in range(seeds):
         expected = (expected_time(schedules[name][j], num_clients, rounds[s], c)
                     if speed == "fixed" else np.nan)
-        rows += shared.round_rows(
+        for row in shared.round_rows(
             name, seed_values[s:s + 1], {k: v[s:s + 1] for k, v in part.items()},
-            num_clients=num_clients, speed_model=speed, comm_cost=c,
-            target=float(targets[s]), rounds_to_target=float(rounds[s]),
-            time_to_target=float(times[s]), expected_time_to_target=expected)
+            num_clients=num_clients, speed_model=speed, comm_cost=c):
+          rows.append({**row, "target": float(targets[s]),
+                       "rounds_to_target": float(rounds[s]),
+                       "time_to_target": float(times[s]), "expected_time_to_target": expected})
   return rows

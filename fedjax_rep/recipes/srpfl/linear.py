@@ -31,11 +31,11 @@ class Config(sc.Panels, sc.TimedConfig):
     self.check_timed((self.num_clients,))
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+def run(config: Config, seeds: int, batch) -> list[dict]:
   keys = shared.seed_keys(config.seed, seeds)
   rows = []
   for speed in config.speed_models:
-    rows += sc.run_panel(config, keys, unit, progress, num_clients=config.num_clients,
+    rows += sc.run_panel(config, keys, batch, num_clients=config.num_clients,
                          speed=speed, comm_costs=config.comm_costs, algorithms=config.algorithms)
   return rows
 

@@ -17,11 +17,8 @@ EMNIST and FEMNIST with their files; the fields that default to 0 take the datas
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fedjax_rep.core import loop
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import digits, federated, leaf, tfds_data
 from fedjax_rep.data import partition as partition_lib
@@ -33,7 +30,6 @@ from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import neural
 from fedjax_rep.experiments import plotting
-from fedjax_rep.experiments import shared
 from fedjax_rep.recipes.srpfl import common as sc
 from fedjax_rep.experiments.registry import Recipe, register
 
@@ -45,10 +41,6 @@ ALGORITHMS = {"srpfl": ("fedrep", True), "fedrep": ("fedrep", False),
 COLORS = {"fedrep": "tab:blue", "lg-fedavg": "tab:green", "fedavg-ft": "tab:red",
           "fedavg": "tab:orange"}  # by timed algorithm; doubling solid, all N dashed
 QUICK_ALGORITHMS = ("srpfl", "fedrep", "lg-srpfl", "lg-fedavg", "flanp-ft", "fedavg-ft")
-# The sweep axes of a program's hparams (a pytree prefix): the schedules and costs, one per
-# run; the inner algorithm's hparams are the same for all runs (unbatched, so that the
-# conditionals of `nn.partial` stay conditionals under the sweep's vmap).
-SWEPT_SCHEDULES = timed.TimedHparams(inner=None, participants=0, comm_cost=0)
 
 # dataset -> its model, number of classes and the values of the fields left at 0
 DATASETS = {
@@ -152,20 +144,22 @@ def first_reached(result: dict, targets: np.ndarray):
   return np.where(reached, rounds, np.nan), np.where(reached, times, np.nan)
 
 
-def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed: str,
-                participation: float) -> list[dict]:
-  """Rows of every algorithm with one speed model and participation, for every C: one
-  program (cached unit '<timed algorithm>-<speed>-r<participation>') per timed neural
-  algorithm, running its schedules and every seed, vmapped."""
+def run_setting(config: Config, datasets, seed_values, batch, *, speed: str,
+                participation: float, grid=None) -> list[dict]:
+  """Rows of every algorithm with one speed model and participation, for every C and every
+  combination of `grid` (traced keys: lr, momentum, weight_decay; None: config's values):
+  per timed neural algorithm, its schedules x combinations on every seed by `batch` (units
+  '<timed algorithm>-<speed>-r<participation>')."""
   s = setting(config)
-  seeds, num_clients = len(seed_values), s["num_clients"]
+  num_clients = s["num_clients"]
   cohort = cohort_size(num_clients, participation)
   n0 = max(1, round(config.n0_fraction * cohort))
   schedules = {True: timed.srpfl_participants(cohort, n0, config.rounds, config.stage_rounds),
                False: timed.fixed_participants(cohort, cohort, config.rounds)}
   model = models.make_model(s["model"], s["classes"], precision=config.precision)
-  inner_hparams = hparams_lib.hparams(s["lr"], config.momentum, config.weight_decay)
-  per_seed = lambda tree: jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], seeds, 0), tree)
+  combos = grid or [{}]
+  inner_hparams = [hparams_lib.hparams(setting(c)["lr"], c.momentum, c.weight_decay)
+                   for c in (cfg.apply(config, combo) for combo in combos)]
   keys = neural.run_keys(seed_values)
   names = algorithm_names(config)
   inners = {inner: nn_registry.make_algorithm(inner, model=model, cohort=cohort,
@@ -178,52 +172,46 @@ def run_setting(config: Config, datasets, seed_values, unit, progress, *, speed:
             for inner in dict.fromkeys(ALGORITHMS[name][0] for name in names)}
   results = {}
   for inner in inners:  # one program for all of them where they share it (`nn.program`)
-    group = [name for name in names if ALGORITHMS[name][0] == inner]
-    program, program_hparams = neural.shared_program(config, inners[inner], inner_hparams,
-                                                     list(inners.values()), datasets)
-    algorithm = timed.EvaluatedTimed(program, sc.speed_model(speed, num_clients),
-                                     cohort=cohort, name=f"timed-{program.name}")
+    group = [(c, name) for c in range(len(combos)) for name in names
+             if ALGORITHMS[name][0] == inner]
+    programs = [neural.shared_program(config, inners[inner], each, list(inners.values()),
+                                      datasets) for each in inner_hparams]
+    algorithm = timed.EvaluatedTimed(programs[0][0], sc.speed_model(speed, num_clients),
+                                     cohort=cohort, name=f"timed-{programs[0][0].name}")
     unit_name = f"{inner}-{speed}-r{participation:g}"
+    trained = batch.train(
+        unit_name, algorithm, datasets,
+        [timed.hparams(programs[c][1], schedules[ALGORITHMS[name][1]]) for c, name in group],
+        keys, config.rounds, eval_every=config.eval_every)
+    results.update(zip(group, trained))
 
-    def compute():  # the runs' schedules swept, their inner hparams (the same) not
-      hp = shared.concatenate([per_seed(timed.hparams(None, schedules[ALGORITHMS[name][1]]))
-                               for name in group]).replace(inner=program_hparams)
-      result = loop.run(algorithm, shared.concatenate([datasets] * len(group)), hp,
-                        jnp.tile(keys, (len(group),)), config.rounds,
-                        eval_every=config.eval_every, sweep_axes=(0, SWEPT_SCHEDULES, 0),
-                        progress=progress, desc=unit_name)
-      return {"metrics": result.metrics, "eval_rounds": result.eval_rounds,
-              "eval": result.eval_metrics}
-
-    result = unit(unit_name, compute)
-    for i, name in enumerate(group):
-      results[name] = neural.runs(result, i * seeds, (i + 1) * seeds)
-
-  final = results["fedrep"]["eval"]["test_accuracy"][:, -neural.LAST_EVALUATIONS:]
-  targets = config.target_fraction * final.mean(axis=1)
   rows = []
-  for comm_cost in config.comm_costs:
-    for name in names:
-      result = results[name]
-      clock = result["metrics"]["wall_clock"] + comm_cost * np.arange(1, config.rounds + 1)
-      result = {**result, "metrics": {**result["metrics"], "wall_clock": clock}}
-      rounds, times = first_reached(result, targets)
-      for i, seed in enumerate(seed_values):
-        rows += neural.rows(name, [seed], neural.runs(result, i, i + 1),
-                            speed_model=speed, participation=participation,
-                            comm_cost=comm_cost, target=float(targets[i]),
-                            rounds_to_target=float(rounds[i]), time_to_target=float(times[i]))
+  for c, combo in enumerate(combos):
+    final = results[c, "fedrep"]["eval"]["test_accuracy"][:, -neural.LAST_EVALUATIONS:]
+    targets = config.target_fraction * final.mean(axis=1)
+    for comm_cost in config.comm_costs:
+      for name in names:
+        result = results[c, name]
+        clock = result["metrics"]["wall_clock"] + comm_cost * np.arange(1, config.rounds + 1)
+        result = {**result, "metrics": {**result["metrics"], "wall_clock": clock}}
+        rounds, times = first_reached(result, targets)
+        for i, seed in enumerate(seed_values):
+          rows += neural.rows(name, [seed], neural.runs(result, i, i + 1),
+                              speed_model=speed, participation=participation,
+                              comm_cost=comm_cost, **combo, target=float(targets[i]),
+                              rounds_to_target=float(rounds[i]),
+                              time_to_target=float(times[i]))
   return rows
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   seed_values = config.seed_values(seeds)
   datasets = data(config, seed_values)
   rows = []
   for speed in config.speed_models:
     for participation in config.participation:
-      rows += run_setting(config, datasets, seed_values, unit, progress, speed=speed,
-                          participation=participation)
+      rows += run_setting(config, datasets, seed_values, batch, speed=speed,
+                          participation=participation, grid=grid)
   return rows
 
 
@@ -302,4 +290,4 @@ RECIPE = register(Recipe(
             "speeds, C in {0, 10, 100}, full and 20% participation",
     config=Config, quick={"rounds": 60, "stage_rounds": 5, "participation": (1.0,),
                          "speed_models": ("fixed",), "algorithms": QUICK_ALGORITHMS},
-    run=run, plot=plot, default_seeds=2, summarize=summarize))
+    run=run, plot=plot, default_seeds=2, summarize=summarize, traced=neural.TRACED))

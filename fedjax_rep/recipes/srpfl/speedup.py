@@ -41,11 +41,11 @@ class Config(sc.TimedConfig):
     self.check_timed(self.num_clients)
 
 
-def run(config: Config, seeds: int, unit, progress: bool = True) -> list[dict]:
+def run(config: Config, seeds: int, batch) -> list[dict]:
   keys = shared.seed_keys(config.seed, seeds)
   rows = []
   for n in config.num_clients:
-    rows += sc.run_panel(config, keys, unit, progress, num_clients=n,
+    rows += sc.run_panel(config, keys, batch, num_clients=n,
                          speed=config.speed_model, comm_costs=(config.comm_cost,),
                          algorithms=("srpfl", "fedrep"))
   return rows

@@ -1,0 +1,228 @@
+"""The batch runner: how every recipe runs its runs.
+
+A recipe says WHAT to run: an algorithm, its data (R runs along a leading axis, e.g. seeds
+or sample sizes, with a key each) and G settings (hparams of one structure: grid
+combinations, algorithms that differ by a traced number, costs). `Batch.train` runs the
+G x R runs as few compiled programs as fit: settings over runs as nested vmaps, so the
+data are held once whatever G (a settings axis of None for them), split into calls of
+`width` settings (the last call padded with its last setting, so that every call runs one
+compiled program), each call a cached unit of work whose runs checkpoint into its unit's
+scope and log live to the tracker, both passed in, never found in module state.
+"""
+
+import dataclasses
+import sys
+from typing import Callable
+
+import jax
+import numpy as np
+
+from fedjax_rep.core import checkpoint
+from fedjax_rep.core import loop
+from fedjax_rep.core import memory
+
+# Of one run's state, the copies a chunk holds at once (the carried state, the new one, the
+# donated buffers and the optimiser's); a run's data are held once for every setting.
+STATE_COPIES = 4
+# Settings per call of a program, by backend (elsewhere: as many as fit in memory). On the
+# CPU one: a wide vmap of a neural network costs more time than its settings one after
+# another (fedrep-table1-cifar10 --quick, 4 lr: 290 s as one vmap, 4 x 57 s one by one;
+# benchmarks/nn_sweep.py), and XLA:CPU's results depend on the vmap's width (srpfl-linear's
+# FedRep, 18 runs against 2: the 6th digit), so that one setting at a time gives every
+# setting the numbers it has alone, bit for bit.
+WIDTHS = {"cpu": 1}
+
+
+def compute_now(name: str, compute):
+  """A unit of work that is computed, not cached (`Batch.unit` without a store)."""
+  del name
+  return compute()
+
+
+def default_width(platform: str | None = None) -> int | None:
+  """The settings per call on `platform` (default: JAX's default backend), `WIDTHS`; None:
+  as many as fit in memory."""
+  return WIDTHS.get(platform or jax.default_backend())
+
+
+@dataclasses.dataclass
+class Batch:
+  """How a recipe's runs run and where what they compute goes.
+
+  unit(name, compute) caches a unit of work (`outputs.RunDir.unit`; default: computed now);
+  checkpoints(name) is the `core.checkpoint.Scope` of a unit's runs (None: none); progress
+  shows progress bars; tracker (`tracking.Tracker`, None: none) logs the runs as they
+  compute; width: settings per call of a program (None: `default_width`); available:
+  the memory the runs may use (None: `core.memory.available_bytes()`).
+  """
+  unit: Callable = compute_now
+  checkpoints: Callable[[str], checkpoint.Scope | None] = lambda name: None
+  progress: bool = True
+  tracker: object = None
+  width: int | None = None
+  available: int | None = None
+
+  def prefixed(self, prefix: str) -> "Batch":
+    """This batch with its units and their checkpoints named PREFIX + name (e.g. a grid's
+    shape-changing combination, 'num_clients=100--')."""
+    return dataclasses.replace(
+        self, unit=lambda name, compute: self.unit(prefix + name, compute),
+        checkpoints=lambda name: self.checkpoints(prefix + name))
+
+  def live(self, members: list[dict] | None) -> tuple:
+    """`loop.run` callbacks that log the runs `members` (their metrics.csv columns, one dict
+    per run in the sweep's order) to the tracker as they compute; none without a tracker or
+    members."""
+    return () if self.tracker is None or not members else (self.tracker.live(members),)
+
+  def train(self, name: str, algorithm, data, settings: list, keys, rounds: int, *,
+            members: list[list[dict]] | None = None, eval_every: int | None = None,
+            blowup: float | None = loop.DEFAULT_BLOWUP, starts: list | None = None,
+            keep: Callable | None = None, desc: str | None = None) -> list[dict]:
+    """Runs `algorithm` with each of the G `settings` on every run of `data`.
+
+    Args:
+      name: the unit's name ('<name>', or '<name>-settings<A>-<B>' where the settings take
+        several calls).
+      algorithm: the algorithm (`core.protocols.Algorithm`).
+      data: the data pytree, leaves [R, ...]: R runs (seeds, sample sizes, ...).
+      settings: G hparams pytrees of one structure, unbatched. Leaves equal in every
+        setting are passed once (a vmap axis of None), the others stacked.
+      keys: the run keys [R].
+      rounds: rounds of every run.
+      members: members[g][r], the metrics.csv columns of setting g on run r (algorithm,
+        seed, settings), with which the tracker logs them live.
+      eval_every, blowup: as `loop.run`'s.
+      starts: per setting, the algorithm whose `init` gives its initial state (default:
+        `algorithm`), e.g. two initialisations of one program.
+      keep: keep(state) -> a dict of arrays of the final state to return, with the state's
+        leading axis of runs (leaves [W * R, ...]: W settings of a call, setting-major).
+      desc: the progress bars' label (default: name).
+
+    Returns:
+      One dict per setting, in order: "metrics" {name: [R, rounds]}, where the algorithm
+      evaluates "eval_rounds" [E] and "eval" {name: [R, E]}, and keep's entries ([R, ...]).
+    """
+    count = len(settings)
+    width = self._width(algorithm, data, settings, keys, starts)
+    calls = -(-count // width)
+    axes = _settings_axes(settings)
+    results = []
+    for start in range(0, count, width):
+      chosen = list(range(start, min(start + width, count)))
+      padded = chosen + chosen[-1:] * (width - len(chosen))  # one shape for every call
+      unit_name = name if calls == 1 else f"{name}-settings{start}-{start + width - 1}"
+      flat_members = members and [m for g in chosen for m in members[g]]
+
+      def compute(padded=padded, unit_name=unit_name, flat_members=flat_members):
+        return self._call(unit_name, algorithm, data, [settings[g] for g in padded], axes,
+                          keys, rounds, eval_every, blowup,
+                          starts and [starts[g] for g in padded], keep, desc or unit_name,
+                          flat_members)
+
+      flat = self.unit(unit_name, compute)
+      width_runs = jax.tree.leaves(data)[0].shape[0]
+      results += [_runs(flat, i * width_runs, (i + 1) * width_runs) for i in range(len(chosen))]
+    return results
+
+  def _width(self, algorithm, data, settings, keys, starts) -> int:
+    """The settings per call: `width` (else `default_width`), at most those that fit in
+    memory (`settings_that_fit`; said on stderr where fewer than asked), at least 1."""
+    count = len(settings)
+    asked = self.width or default_width() or count
+    fit, per_setting = settings_that_fit(algorithm if starts is None else starts[0], data,
+                                         settings[0], keys, self.available)
+    width = max(1, min(count, asked, fit))
+    if width < min(count, asked):
+      print(f"fedjax-rep: {count} settings need about {count * per_setting / 1e9:.2f} GB "
+            f"beside the data, more than fits; running them in calls of {width}",
+            file=sys.stderr)
+    return width
+
+  def _call(self, unit_name, algorithm, data, settings, axes, keys, rounds, eval_every,
+            blowup, starts, keep, desc, members) -> dict:
+    """One `loop.run` of `settings` (W of them) on every run of `data`: runs [W * R] (setting
+    g's run r at g * R + r) in the returned arrays."""
+    width, count = len(settings), len(members) if members else None
+    runs = jax.tree.leaves(data)[0].shape[0]
+    if width == 1:  # no settings axis
+      hparams, sweep_axes = settings[0], (0, None, 0)
+    else:
+      hparams, sweep_axes = _stacked(settings, axes), [(None, axes, None), (0, None, 0)]
+    state = None
+    if starts is not None:  # on the host: no eager device op, so nothing compiles
+      states = [loop.init_state(start, data, each, keys, sweep_axes=(0, None, 0))
+                for start, each in zip(starts, settings)]
+      state = states[0] if width == 1 else jax.tree.map(
+          lambda *x: np.stack([np.asarray(v) for v in x]), *states)
+    callbacks = self.live(members)
+    if callbacks and width > 1:
+      callbacks = tuple(_flattened(callback, count) for callback in callbacks)
+    result = loop.run(algorithm, data, hparams, keys, rounds, state=state, blowup=blowup,
+                      eval_every=eval_every, sweep_axes=sweep_axes, progress=self.progress,
+                      desc=desc, callbacks=callbacks, checkpoints=self.checkpoints(unit_name))
+    flat = lambda tree: jax.tree.map(
+        lambda a: np.asarray(a).reshape(width * runs, *np.shape(a)[1 + (width > 1):]), tree)
+    out = {"metrics": flat(result.metrics)}
+    if result.eval_metrics:
+      out.update(eval_rounds=result.eval_rounds, eval=flat(result.eval_metrics))
+    if keep is not None:
+      state = flat(jax.device_get(result.state))
+      out.update(keep(state))
+    return out
+
+
+def _flattened(callback, count: int):
+  """`callback` of a `loop.Chunk` whose metrics have leading [W, R] axes, given them as
+  [W * R] and only the first `count` runs (the settings that are not padding)."""
+
+  def call(chunk: loop.Chunk):
+    flat = lambda tree: {k: np.reshape(v, (-1, *np.shape(v)[2:]))[:count]
+                         for k, v in tree.items()}
+    callback(dataclasses.replace(chunk, metrics=flat(chunk.metrics),
+                                 eval_metrics=flat(chunk.eval_metrics)))
+
+  return call
+
+
+def _runs(flat: dict, start: int, stop: int) -> dict:
+  """The runs start..stop-1 of a call's result (eval_rounds is every run's)."""
+  pick = lambda tree: jax.tree.map(lambda a: np.asarray(a)[start:stop], tree)
+  return {key: value if key == "eval_rounds" else pick(value) for key, value in flat.items()}
+
+
+def _settings_axes(settings: list):
+  """The vmap in_axes over settings of their hparams (a pytree of their structure): 0 for a
+  leaf that differs between settings, None for one equal in all (0 for the first leaf where
+  all are equal: a vmap needs one axis)."""
+  leaves = [jax.tree.leaves(s) for s in settings]
+  varies = [any(not np.array_equal(np.asarray(first), np.asarray(other), equal_nan=True)
+                for other in others)
+            for first, *others in zip(*leaves)]
+  varies[0] = varies[0] or not any(varies)
+  return jax.tree.unflatten(jax.tree.structure(settings[0]),
+                            [0 if v else None for v in varies])
+
+
+def _stacked(settings: list, axes):
+  """The hparams of `settings` for the in_axes `axes`: leaves of axis 0 stacked [W, ...]
+  (numpy: no eager device op), the others as the first setting's."""
+  return jax.tree.map(lambda axis, *leaves: np.stack([np.asarray(x) for x in leaves])
+                      if axis == 0 else leaves[0], axes, *settings,
+                      is_leaf=lambda x: x is None)
+
+
+def settings_that_fit(algorithm, data, hparams, keys, available: int | None = None) -> tuple:
+  """(settings, per_setting): how many settings of `algorithm` on every run of `data` fit in
+  `core.memory.USABLE` of the memory `available` (default `core.memory.available_bytes()`)
+  beside one copy of the data, at STATE_COPIES of a setting's states (all runs'); and the
+  bytes per setting."""
+  one = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree)
+  state = jax.eval_shape(algorithm.init, one(keys), one(data), hparams)
+  size = lambda tree: sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+                          for a in jax.tree.leaves(tree))
+  runs = jax.tree.leaves(data)[0].shape[0]
+  per_setting = STATE_COPIES * size(state) * runs
+  available = memory.available_bytes() if available is None else available
+  room = int(memory.USABLE * available) - size(data)
+  return max(1, room // max(1, per_setting)), per_setting
