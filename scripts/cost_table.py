@@ -24,7 +24,7 @@ from fedjax_rep.data import federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import cost
 from fedjax_rep.nn import models
-from fedjax_rep.experiments import neural
+from fedjax_rep.recipes.kit import neural
 from fedjax_rep.experiments import registry
 
 RECIPE = "fedrep-table1-cifar10"

@@ -15,7 +15,7 @@ from fedjax_rep import cli
 from fedjax_rep.core import loop
 from fedjax_rep.data import digits, federated
 from fedjax_rep.experiments import batch as batch_lib
-from fedjax_rep.experiments import neural
+from fedjax_rep.recipes.kit import neural
 from fedjax_rep.experiments import runner
 from fedjax_rep.experiments import tracking
 from fedjax_rep.nn import hparams as hparams_lib

@@ -218,7 +218,8 @@ def test_each_diverged_run_is_named_by_its_algorithm_seed_setting_and_round():
   """fedrep-fig3's rows under --grid lr=0.1,1: num_clients is a setting column, lr is named
   by the grid label; one line per diverged run (its diverged round's row), none for a run
   that did not diverge."""
-  from fedjax_rep.experiments import runner, shared
+  from fedjax_rep.experiments import runner
+  from fedjax_rep.recipes.kit import shared
   diverged = np.array([[0, 1, 1], [0, 0, 0]], np.float32)  # seed 3 at round 2; seed 4 never
   rows = [{**row, "grid": f"lr={lr}"}
           for lr in (0.1, 1.0) for row in shared.round_rows(
@@ -267,7 +268,7 @@ def test_the_issue_command_says_each_diverged_run_on_stderr_and_records_nan(tmp_
 def test_numbers_from_a_diverged_runs_final_state_are_nan():
   """fedrep-fig4's new-client errors and fedavg-ft-fig3's fine-tuning errors come from the
   final states: NaN for a run that diverged (seed 1), as they were for the others."""
-  from fedjax_rep.experiments import shared
+  from fedjax_rep.recipes.kit import shared
   metrics = {"diverged": np.array([[0, 0, 0], [0, 1, 1]], np.float32)}
   errors = np.array([[0.1, 0.2], [0.3, 0.4]], np.float32)
   masked = shared.nan_where_diverged(errors, metrics)

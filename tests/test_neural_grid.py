@@ -10,7 +10,7 @@ import pytest
 from fedjax_rep.data import digits, federated
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import batch as batch_lib
-from fedjax_rep.experiments import neural
+from fedjax_rep.recipes.kit import neural
 from fedjax_rep.experiments import runner
 
 SMALL = ["rounds=2", "eval_every=1", "algorithms=fedrep,fedavg", "num_clients=10"]

@@ -14,7 +14,7 @@ import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.core import registry as core_registry
 from fedjax_rep.nn import registry as nn_registry
-from fedjax_rep.experiments import neural
+from fedjax_rep.recipes.kit import neural
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import plugins
 from fedjax_rep.experiments import runner
@@ -205,7 +205,7 @@ def test_a_plugin_algorithm_runs_in_a_table1_recipe_beside_built_in_ones(recipe,
                                                                           plugin, tmp_path):
   """The Table-1 recipes take a registered algorithm that their paper does not have: its
   table1.csv row has no paper number, its bar its name."""
-  from fedjax_rep.experiments import table
+  from fedjax_rep.recipes.kit import table
   out = tmp_path / "out"
   items = [f"algorithms=fedrep,{NAME}", "rounds=2", "eval_every=1", *setting]
   assert cli.main(["run", recipe, "--quick", "--plugin", str(plugin), "--no-progress",

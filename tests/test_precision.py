@@ -20,7 +20,7 @@ from fedjax_rep.nn import models, train
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn.conv import conv_im2col, max_pool2
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural
+from fedjax_rep.recipes.kit import neural
 from fedjax_rep.experiments import registry
 
 INPUTS = {"digits-mlp": (8, 8, 1), "digits-cnn": (8, 8, 1), "cifar10-cnn": (32, 32, 3),

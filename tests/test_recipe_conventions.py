@@ -11,7 +11,7 @@ from fedjax_rep import cli
 from fedjax_rep.nn import conventions
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural
+from fedjax_rep.recipes.kit import neural
 from fedjax_rep.experiments import registry
 
 TABLE1 = ("fedrep-table1-cifar10", "fedrep-table1-cifar100", "fedrep-table1-femnist",

@@ -11,7 +11,7 @@ import pytest
 
 from fedjax_rep import cli
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural
+from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.experiments import selection
 
 
@@ -39,7 +39,7 @@ def entries(statistic="last"):
   rows = rows_of(CURVES)
   out = []
   for lr in (0.1, 0.2):
-    for entry in neural.summary([r for r in rows if r["lr"] == lr], ("a", "b"), statistic):
+    for entry in summaries.summary([r for r in rows if r["lr"] == lr], ("a", "b"), statistic):
       out.append({**entry, "lr": lr, "grid": f"lr={lr}"})
   return out
 
@@ -55,21 +55,21 @@ def test_selection_follows_validation_where_test_disagrees():
 
 def test_best_picks_the_round_by_validation_and_reports_test_there():
   rows = rows_of({("a", 0.1): {0: [(0.9, 0.1), (0.2, 0.8), (0.5, 0.3)]}})
-  entry = neural.summary(rows, ("a",), "best")[0]
+  entry = summaries.summary(rows, ("a",), "best")[0]
   assert entry["test_accuracy"] == pytest.approx(0.2)
   assert entry["val_accuracy"] == pytest.approx(0.8)
   assert entry["statistic"] == "test at the best validation of 3 evaluations"
   # Without a validation split, best is the largest test accuracy, as before.
   plain = [{k: v for k, v in r.items() if k != "val_accuracy"} for r in rows]
-  assert neural.summary(plain, ("a",), "best")[0]["test_accuracy"] == pytest.approx(0.9)
+  assert summaries.summary(plain, ("a",), "best")[0]["test_accuracy"] == pytest.approx(0.9)
 
 
 def test_rounds_to_95_counts_to_95_percent_of_the_statistic():
   rows = rows_of({("a", 0.1): {0: [(0.1, 0.2), (0.5, 0.77), (0.6, 0.8)]}})
-  entry = neural.summary(rows, ("a",), "last")[0]
+  entry = summaries.summary(rows, ("a",), "last")[0]
   assert entry["rounds_to_95"] == 2  # 0.77 >= 0.95 * 0.8 (validation where split)
   plain = [{k: v for k, v in r.items() if k != "val_accuracy"} for r in rows]
-  assert neural.summary(plain, ("a",), "last")[0]["rounds_to_95"] == 3  # test: 0.5 < 0.57
+  assert summaries.summary(plain, ("a",), "last")[0]["rounds_to_95"] == 3  # test: 0.5 < 0.57
 
 
 def test_confirmed_adds_the_fresh_seeds_test_statistic():

@@ -11,7 +11,7 @@ import pytest
 import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import table
+from fedjax_rep.recipes.kit import table
 from fedjax_rep.recipes.fedrep import paper
 
 
@@ -78,7 +78,7 @@ def test_config_errors(recipe, items, pattern, compiles):
 
 
 def test_mtl_lambda_is_a_traced_option_or_the_algorithms_default():
-  from fedjax_rep.experiments import neural as nn_common
+  from fedjax_rep.recipes.kit import neural as nn_common
   from fedjax_rep.recipes.fedrep import table1_synthetic as table1_synthetic
   config = cfg.override(table1_synthetic.Config(), ["mtl_lambda=auto"])
   assert "mtl_lambda" not in dict(config.options) and nn_common.hparams(config).options == {}
@@ -153,18 +153,18 @@ def test_flute_table1_quick_on_digits():
 
 def test_summaries_say_how_many_evaluations_they_average():
   """After 3 evaluations the summary averages 3 and says so; after 12, the last 10."""
-  from fedjax_rep.experiments import neural
+  from fedjax_rep.recipes.kit import summaries
   rows = [{"algorithm": "fedrep", "seed": s, "round": t, "test_accuracy": 0.1 * t}
           for s in (0, 1) for t in (1, 2, 3)]
-  entry, = neural.summary(rows, ["fedrep"])
+  entry, = summaries.summary(rows, ["fedrep"])
   assert entry["last_evaluations"] == 3 and entry["test_accuracy"] == pytest.approx(0.2)
-  assert neural.averaged_text(rows) == "mean of all 3 evaluations"
+  assert summaries.averaged_text(rows) == "mean of all 3 evaluations"
   rows = [{"algorithm": "fedrep", "seed": 0, "round": t, "test_accuracy": float(t)}
           for t in range(1, 13)]
-  entry, = neural.summary(rows, ["fedrep"])
+  entry, = summaries.summary(rows, ["fedrep"])
   assert entry["last_evaluations"] == 10 and entry["test_accuracy"] == pytest.approx(7.5)
   assert entry["statistic"] == "mean of the last 10 evaluations"
-  assert neural.averaged_text(rows) == "mean of the last 10 evaluations"
+  assert summaries.averaged_text(rows) == "mean of the last 10 evaluations"
 
 
 def test_mock_data_is_said_for_exactly_the_configurations_that_train_on_it():
@@ -216,16 +216,16 @@ def test_the_mock_data_line_comes_before_training(monkeypatch, capsys, tmp_path)
 
 def test_summaries_take_the_last_or_the_best_evaluation_when_asked():
   """summary="last": each seed's last accuracy; "best": its largest; both named."""
-  from fedjax_rep.experiments import neural
+  from fedjax_rep.recipes.kit import summaries
   rows = [{"algorithm": "fedrep", "seed": s, "round": t, "test_accuracy": a}
           for s, curve in ((0, (0.2, 0.9, 0.5)), (1, (0.4, 0.3, 0.7)))
           for t, a in zip((5, 10, 15), curve)]
-  last, = neural.summary(rows, ["fedrep"], "last")
-  best, = neural.summary(rows, ["fedrep"], "best")
+  last, = summaries.summary(rows, ["fedrep"], "last")
+  best, = summaries.summary(rows, ["fedrep"], "best")
   assert last["test_accuracy"] == pytest.approx(0.6) and last["last_evaluations"] == 1
   assert best["test_accuracy"] == pytest.approx(0.8) and best["last_evaluations"] == 3
   assert (last["statistic"], best["statistic"]) == ("last evaluation", "best of 3 evaluations")
-  assert neural.averaged_text(rows, "best") == "best of 3 evaluations"
+  assert summaries.averaged_text(rows, "best") == "best of 3 evaluations"
 
 
 def test_one_table_of_labels_names_every_method_once():

@@ -20,7 +20,8 @@ from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
-from fedjax_rep.experiments import neural
+from fedjax_rep.recipes.kit import neural
+from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments.registry import Recipe, register
 
@@ -65,7 +66,7 @@ def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
                              neural.run_keys(seed_values), config.num_clients, grid,
                              runs=[{"seed": s} for s in seed_values])
     for combination, result in zip(grid or [{}], results):
-      rows += neural.rows(name, seed_values, result, **combination)
+      rows += summaries.rows(name, seed_values, result, **combination)
   return rows
 
 
@@ -85,7 +86,7 @@ def plot(rows, config: Config, file) -> None:
 
 
 def summarize(rows, config: Config):
-  return neural.summary(rows, config.algorithms, config.summary)
+  return summaries.summary(rows, config.algorithms, config.summary)
 
 
 RECIPE = register(Recipe(
@@ -95,4 +96,4 @@ RECIPE = register(Recipe(
     summary="personalised FL on sklearn digits (offline): FedRep, FedPer, LG-FedAvg, FedAvg, "
             "FedAvg-FT, local; test accuracy vs rounds",
     config=Config, quick={"rounds": 40}, run=run, plot=plot, default_seeds=3,
-    summarize=summarize, traced=neural.traced_keys, summary_only=neural.COST))
+    summarize=summarize, traced=neural.traced_keys, summary_only=summaries.COST))

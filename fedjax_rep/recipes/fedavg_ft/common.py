@@ -13,8 +13,8 @@ import dataclasses
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import linear
-from fedjax_rep.experiments import shared
+from fedjax_rep.recipes.kit import linear
+from fedjax_rep.recipes.kit import shared
 
 
 def algorithm_name(local_steps: int) -> str:

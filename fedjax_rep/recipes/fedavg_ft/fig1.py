@@ -10,7 +10,7 @@ import dataclasses
 
 from fedjax_rep.recipes.fedavg_ft import common as ft
 from fedjax_rep.experiments import plotting
-from fedjax_rep.experiments import shared
+from fedjax_rep.recipes.kit import shared
 from fedjax_rep.experiments.registry import Recipe, register
 
 

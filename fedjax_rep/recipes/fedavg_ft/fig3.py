@@ -22,9 +22,9 @@ from fedjax_rep.linear import local as local_lib
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
 from fedjax_rep.recipes.fedavg_ft import common as ft
-from fedjax_rep.experiments import linear
+from fedjax_rep.recipes.kit import linear
 from fedjax_rep.experiments import plotting
-from fedjax_rep.experiments import shared
+from fedjax_rep.recipes.kit import shared
 from fedjax_rep.experiments.registry import Recipe, register
 
 

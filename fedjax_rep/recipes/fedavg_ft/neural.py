@@ -32,9 +32,10 @@ from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.nn.algorithm import NNState
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
-from fedjax_rep.experiments import neural
+from fedjax_rep.recipes.kit import neural
+from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.experiments import plotting
-from fedjax_rep.experiments import shared
+from fedjax_rep.recipes.kit import shared
 from fedjax_rep.experiments.registry import Recipe, register
 
 ALGORITHMS = ("d-sgd", "fedavg-steps")  # the algorithms, in this order
@@ -179,7 +180,7 @@ def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
         members=[shared.members(name, seed_values, local_steps=steps, **combo)
                  for combo in combos])
     for combo, result in zip(combos, results):
-      algorithm_rows = neural.rows(name, seed_values, result, local_steps=steps, **combo)
+      algorithm_rows = summaries.rows(name, seed_values, result, local_steps=steps, **combo)
       for r in algorithm_rows:
         r["local_updates"] = r["round"] * steps
       rows += algorithm_rows

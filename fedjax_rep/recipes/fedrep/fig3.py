@@ -20,9 +20,9 @@ from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import placement
-from fedjax_rep.experiments import linear
+from fedjax_rep.recipes.kit import linear
 from fedjax_rep.experiments import plotting
-from fedjax_rep.experiments import shared
+from fedjax_rep.recipes.kit import shared
 from fedjax_rep.experiments.registry import Recipe, register
 
 

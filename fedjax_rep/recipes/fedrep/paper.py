@@ -1,5 +1,5 @@
 """FedRep's Table 1 (Collins et al. 2021, Section 5.2): the algorithms it compares, in its
-order, and its test accuracies, {(dataset, n, S): {algorithm: accuracy}} (`experiments.table`
+order, and its test accuracies, {(dataset, n, S): {algorithm: accuracy}} (`recipes.kit.table`
 puts them beside the measured ones)."""
 
 # The rows of FedRep's Table 1 in its order, then rows the paper does not have (EXTRA:

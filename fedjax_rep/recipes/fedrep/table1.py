@@ -19,8 +19,9 @@ import tempfile
 from fedjax_rep.data import leaf, tfds_data
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural
-from fedjax_rep.experiments import table
+from fedjax_rep.recipes.kit import neural
+from fedjax_rep.recipes.kit import summaries
+from fedjax_rep.recipes.kit import table
 from fedjax_rep.recipes.fedrep import paper
 from fedjax_rep.experiments.registry import Recipe, register
 
@@ -143,7 +144,7 @@ def _register(dataset: str, title: str, config, run, settings, quick: dict, summ
                   run=run, plot=plot, default_seeds=1, summarize=summarize,
                   summary_file="table1.csv",
                   mock_data=lambda config: table.mock_data(config, title), rank=140,
-                  traced=neural.traced_keys, summary_only=neural.COST,
+                  traced=neural.traced_keys, summary_only=summaries.COST,
                   docs="docs/papers/fedrep.md#table-1-neural-networks-on-real-data"))
 
 

@@ -20,8 +20,9 @@ import dataclasses
 from fedjax_rep.data import synthetic
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural
-from fedjax_rep.experiments import table
+from fedjax_rep.recipes.kit import neural
+from fedjax_rep.recipes.kit import summaries
+from fedjax_rep.recipes.kit import table
 from fedjax_rep.recipes.fedrep import paper
 from fedjax_rep.experiments.registry import Recipe, register
 
@@ -86,4 +87,4 @@ RECIPE = register(Recipe(
     config=Config, quick={"num_clients": 20, "rounds": 20, "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot,
     default_seeds=3, summarize=summarize, summary_file="table1.csv",
-    traced=neural.traced_keys, summary_only=neural.COST))
+    traced=neural.traced_keys, summary_only=summaries.COST))

@@ -22,9 +22,9 @@ from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.registry import make_algorithm
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
-from fedjax_rep.experiments import linear
+from fedjax_rep.recipes.kit import linear
 from fedjax_rep.experiments import plotting
-from fedjax_rep.experiments import shared
+from fedjax_rep.recipes.kit import shared
 
 NOISE_STD = 0.3 ** 0.5  # App. C.1: label noise of variance 0.3
 ALGORITHMS = ("flute", "fedrep-ri", "fedrep")

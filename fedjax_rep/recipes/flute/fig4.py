@@ -11,9 +11,9 @@ import dataclasses
 
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.flute import common as fc
-from fedjax_rep.experiments import linear
+from fedjax_rep.recipes.kit import linear
 from fedjax_rep.experiments import plotting
-from fedjax_rep.experiments import shared
+from fedjax_rep.recipes.kit import shared
 from fedjax_rep.experiments.registry import Recipe, register
 
 

@@ -19,8 +19,9 @@ import dataclasses
 from fedjax_rep.data import digits, tfds_data
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
-from fedjax_rep.experiments import neural
-from fedjax_rep.experiments import table
+from fedjax_rep.recipes.kit import neural
+from fedjax_rep.recipes.kit import summaries
+from fedjax_rep.recipes.kit import table
 from fedjax_rep.experiments.registry import Recipe, register
 
 ALGORITHMS = ("fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedrep", "fedrep-star", "fedrod",
@@ -113,4 +114,4 @@ RECIPE = register(Recipe(
            "rounds": 40, "eval_every": 2, "lr": 0.05, "client_group": 1,
            "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot, default_seeds=1, summarize=summarize, summary_file="table1.csv",
-    mock_data=mock_data, traced=neural.traced_keys, summary_only=neural.COST))
+    mock_data=mock_data, traced=neural.traced_keys, summary_only=summaries.COST))

@@ -22,8 +22,8 @@ from fedjax_rep.hetero import schedule, speeds, timed
 from fedjax_rep.linear.fedrep import FedRep
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
-from fedjax_rep.experiments import linear
-from fedjax_rep.experiments import shared
+from fedjax_rep.recipes.kit import linear
+from fedjax_rep.recipes.kit import shared
 
 ALGORITHMS = ("srpfl", "fedrep", "fastest-n")
 

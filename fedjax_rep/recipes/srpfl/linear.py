@@ -17,7 +17,7 @@ import numpy as np
 
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import plotting
-from fedjax_rep.experiments import shared
+from fedjax_rep.recipes.kit import shared
 from fedjax_rep.recipes.srpfl import common as sc
 from fedjax_rep.experiments.registry import Recipe, register
 

@@ -28,7 +28,8 @@ from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
-from fedjax_rep.experiments import neural
+from fedjax_rep.recipes.kit import neural
+from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.experiments import plotting
 from fedjax_rep.recipes.srpfl import common as sc
 from fedjax_rep.experiments.registry import Recipe, register
@@ -187,7 +188,7 @@ def run_setting(config: Config, datasets, seed_values, batch, *, speed: str,
 
   rows = []
   for c, combo in enumerate(combos):
-    final = results[c, "fedrep"]["eval"]["test_accuracy"][:, -neural.LAST_EVALUATIONS:]
+    final = results[c, "fedrep"]["eval"]["test_accuracy"][:, -summaries.LAST_EVALUATIONS:]
     targets = config.target_fraction * final.mean(axis=1)
     for comm_cost in config.comm_costs:
       for name in names:
@@ -196,7 +197,7 @@ def run_setting(config: Config, datasets, seed_values, batch, *, speed: str,
         result = {**result, "metrics": {**result["metrics"], "wall_clock": clock}}
         rounds, times = first_reached(result, targets)
         for i, seed in enumerate(seed_values):
-          rows += neural.rows(name, [seed], neural.runs(result, i, i + 1),
+          rows += summaries.rows(name, [seed], neural.runs(result, i, i + 1),
                               speed_model=speed, participation=participation,
                               comm_cost=comm_cost, **combo, target=float(targets[i]),
                               rounds_to_target=float(rounds[i]),
@@ -225,7 +226,7 @@ def summarize(rows, config: Config) -> list[dict]:
       for comm_cost in config.comm_costs:
         selected = plotting.select(rows, speed_model=speed, participation=participation,
                                    comm_cost=comm_cost)
-        entries = neural.summary(selected, algorithm_names(config), config.summary)
+        entries = summaries.summary(selected, algorithm_names(config), config.summary)
         for entry in entries:
           runs = plotting.select(selected, algorithm=entry["algorithm"], round=1)
           reached = [r for r in runs if np.isfinite(r["time_to_target"])]

@@ -17,7 +17,8 @@ from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
-from fedjax_rep.experiments import neural
+from fedjax_rep.recipes.kit import neural
+from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.experiments import placement
 from fedjax_rep.experiments import plotting
 
@@ -105,7 +106,7 @@ def run(config, seeds: int, batch, settings: list[dict], dataset, model,
       for combination, result in zip(grid or [{}], results):
         for i, setting in enumerate(group):
           part = neural.runs(result, i * seeds, (i + 1) * seeds)
-          rows += neural.rows(name, seed_values, part, **setting, **combination)
+          rows += summaries.rows(name, seed_values, part, **setting, **combination)
   return rows
 
 
@@ -150,13 +151,13 @@ def shard_run(config: ShardConfig, seeds, batch, arrays, model,
 def table(rows, config, dataset: str, settings: list[dict], paper: dict) -> list[dict]:
   """table1.csv: per setting and algorithm, the measured test accuracy (the mean over
   seeds of each seed's config.summary statistic, by default its mean over its last 10
-  evaluations, or all where fewer, and its std over seeds; `neural.summary`, whose
+  evaluations, or all where fewer, and its std over seeds; `summaries.summary`, whose
   `statistic` column names it) beside the paper's (`paper`, as `paper_accuracy` takes it;
   empty where the paper has none, e.g. for a plugin's algorithm)."""
   out = []
   for setting in settings:
     selected = plotting.select(rows, **setting)
-    for entry in neural.summary(selected, config.algorithms, config.summary):
+    for entry in summaries.summary(selected, config.algorithms, config.summary):
       value = paper_accuracy(dataset, setting, entry["algorithm"], paper)
       out.append({**setting, **entry, "paper_test_accuracy": "" if value is None else value})
   return out
@@ -181,7 +182,7 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str, pap
   horizontal bar per algorithm (measured accuracy, its std over seeds as an error bar) with
   the value of `paper` (named `paper_name`) as a red diamond where it has one; `title`, and
   below it the conventions (`neural.conventions_text`) and the statistic the bars show
-  (`neural.averaged_text` of config.summary), above the panels."""
+  (`summaries.averaged_text` of config.summary), above the panels."""
   grids = list(dict.fromkeys(r["grid"] for r in rows if "grid" in r))
   if grids:
     settings = [{**setting, "grid": label} for setting in settings for label in grids]
@@ -209,5 +210,5 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str, pap
               for key in ("conventions", *conventions_lib.KNOBS))
   conventions = ("conventions as each panel says" if swept else
                  neural.conventions_text(config)) + neural.options_text(config)
-  fig.suptitle(f"{title}\n{conventions}; {neural.averaged_text(rows, config.summary)}")
+  fig.suptitle(f"{title}\n{conventions}; {summaries.averaged_text(rows, config.summary)}")
   plotting.save(fig, file)
