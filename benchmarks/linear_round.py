@@ -287,7 +287,8 @@ def benchmark(run, mode, rates, min_seconds, repeats, max_loop_clients):
   jax_s, call_s = jax_seconds_per_round(run, min_seconds, repeats)
   normals_per_s = normal_rate(n, mode, repeats) if mode != "fixed" else None
   roof_s, bound = roofline_seconds(n, mode, rates, normals_per_s)
-  return {"n": n, "mode": mode, "kernel": run.alg.kernel, "jax": jax_s, "call": call_s, "loop": loop_s, "batched": batched_s,
+  return {"n": n, "mode": mode, "kernel": run.alg.kernel, "jax": jax_s, "call": call_s,
+          "loop": loop_s, "batched": batched_s,
           "extrapolated": loop_clients < n, "roofline": roof_s, "bound": bound,
           "normals_per_s": normals_per_s}
 

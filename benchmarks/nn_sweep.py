@@ -1,25 +1,35 @@
 """A neural hyperparameter grid as one program vs its settings one after another.
 
   python benchmarks/nn_sweep.py --settings 1 4 8 --json /tmp/nn_sweep.json
+  python benchmarks/nn_sweep.py --model cifar10-cnn --settings 1 4 --repeats 3
   python benchmarks/nn_sweep.py --settings 2 --seeds 1 --rounds 2 --clients 20   # a smoke test
 
-The setup of `digits-personalized`: digits over --clients clients with 2 class shards each
-(`digits.federated(n, "classes", 2, 0.5, seed=s)`, seeds 0..S-1 stacked), the MLP
-`digits-mlp`, FedRep at participation 0.1 (10 head epochs then 1 body epoch, batch 10,
-client groups of --client-group), evaluated every --eval-every rounds. G settings are G
-(lr, momentum) pairs: lr geometric in [0.01, 0.1] and momentum 0.5, 0.9, 0.5, ... (G = 1:
-the recipe's lr 0.05, momentum 0.5), weight decay 1e-4. Two ways to run the G x S runs:
-  one program        one `core.loop.run` with sweep_axes (0, 0, 0): the hparams stacked
-                     over the G x S runs (setting-major), the data and the run keys tiled G
-                     times (`experiments.shared.concatenate`, `experiments.neural.run_keys`);
-  one at a time      for each setting, `core.loop.run` over the S seeds with sweep_axes
-                     (0, None, 0), as a recipe runs one setting: its program compiles once
-                     and serves every setting (the hparams are traced).
+The setup of a recipe, by --model (its flags' defaults are the recipe's):
+  digits-mlp   `digits-personalized`: digits over --clients (50) clients with 2 class shards
+               each (`digits.federated(n, "classes", 2, 0.5, seed=s)`), the MLP `digits-mlp`,
+               40 rounds, evaluated every 5, client groups of 10; its (lr, momentum) (0.05, 0.5);
+  cifar10-cnn  `fedrep-table1-cifar10 --quick`: 600 random CIFAR-10-shaped examples per split
+               (`tfds_data.load(..., mock_examples=600)`) over --clients (10) clients with 2
+               class shards each (`partition.partition("classes", ...)`), the CNN
+               `cifar10-cnn`, 3 rounds, evaluated every round, client groups of 1; (0.01, 0.5).
+Seeds 0..S-1 stacked; FedRep at participation 0.1 (10 head epochs then 1 body epoch, batch 10).
+G settings are G (lr, momentum) pairs: lr geometric in [0.01, 0.1] (cifar10-cnn: [0.001,
+0.01], at most the recipe's: larger steps on the mock data diverge or turn chaotic, their
+round-off grown past the comparison's tolerance) and momentum 0.5, 0.9, 0.5, ... (G = 1: the
+recipe's), weight decay 1e-4. Two ways to run the G x S runs, both by the batch runner
+(`experiments.batch.Batch.train`), as a recipe runs a grid:
+  one program        width G: one `core.loop.run` of nested sweeps, the settings outer (the
+                     data's and the run keys' axis None: the data held once), the S seeds
+                     inner;
+  one at a time      width 1: for each setting, `core.loop.run` over the S seeds with
+                     sweep_axes (0, None, 0): one program compiles once and serves every
+                     setting (the hparams are traced).
+Each row also names the width the runner chooses on this backend (`batch.default_width`).
 Both are the same arithmetic: their final metrics (the last round's and the last
 evaluation's) are compared on the first repetition (max |difference|, asserted within
 float32 round-off). Timing, in this process: both compiled and run once, then --repeats
 repetitions, the two interleaved (their order alternating); a variant's seconds are its
-fastest repetition (other processes only add time), from `loop.run`'s call to its return
+fastest repetition (other processes only add time), from `Batch.train`'s call to its return
 (initialisation, every round and evaluation, metrics to the host). Each variant also runs
 once in a process of its own: its compiling (tracing, lowering, XLA: JAX's monitoring events
 during that first run) and its peak RSS. Programs compile with `core.loop.QUICK_COMPILE`
@@ -27,6 +37,7 @@ on the CPU, as the recipes' (`loop.jit_by_algorithm`).
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -43,31 +54,79 @@ from recipe_time import compilation, compilation_totals
 PARTICIPATION = 0.1
 HEAD_EPOCHS, LOCAL_EPOCHS, BATCH = 10, 1, 10
 WEIGHT_DECAY = 1e-4
-LR_RANGE = (0.01, 0.1)
 MOMENTA = (0.5, 0.9)
+CLASSES_PER_CLIENT = 2
+NUM_CLASSES = 10  # digits' and CIFAR-10's
+CIFAR_MOCK_EXAMPLES = 600  # fedrep-table1-cifar10 --quick's mock_examples
 VARIANTS = ("one-program", "one-at-a-time")
+WIDTHS = {"one-program": None, "one-at-a-time": 1}  # the runner's width (None: G)
 RTOL, ATOL = 1e-4, 1e-5  # float32 round-off: the two programs batch the runs differently
 
 
-def settings(count: int) -> list[tuple[float, float]]:
-  """`count` (lr, momentum) pairs: lr geometric over LR_RANGE, momentum cycling through
-  MOMENTA; one setting is digits-personalized's (0.05, 0.5)."""
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """A model's recipe: its name, its (lr, momentum), the range of a grid's lrs and its
+  clients, rounds, evaluation period and client group (the defaults of --clients, --rounds,
+  --eval-every and --client-group)."""
+  recipe: str
+  setting: tuple
+  lr_range: tuple
+  clients: int
+  rounds: int
+  eval_every: int
+  client_group: int
+
+
+SETUPS = {
+    "digits-mlp": Setup("digits-personalized", (0.05, 0.5), (0.01, 0.1), 50, 40, 5, 10),
+    "cifar10-cnn": Setup("fedrep-table1-cifar10 --quick", (0.01, 0.5), (0.001, 0.01), 10, 3,
+                         1, 1),
+}
+
+
+def settings(count: int, model: str = "digits-mlp") -> list[tuple[float, float]]:
+  """`count` (lr, momentum) pairs: lr geometric over the `model`'s lr_range, momentum cycling
+  through MOMENTA; one setting is its recipe's (digits-personalized's (0.05, 0.5))."""
   if count == 1:
-    return [(0.05, 0.5)]
-  lrs = np.geomspace(*LR_RANGE, count)
+    return [SETUPS[model].setting]
+  lrs = np.geomspace(*SETUPS[model].lr_range, count)
   return [(float(lr), MOMENTA[g % len(MOMENTA)]) for g, lr in enumerate(lrs)]
 
 
+def width_text(width: int | None) -> str:
+  """A width the batch runner chooses (`batch.default_width`) as text: the number, or 'all
+  that fit' for None."""
+  return "all that fit" if width is None else str(width)
+
+
+def datasets(args, seed_values) -> list:
+  """The ClientDatasets of args.model's recipe over args.clients clients, one per seed of
+  `seed_values` (CIFAR-10's mock examples drawn once, partitioned by each seed)."""
+  from fedjax_rep.data import digits, federated, tfds_data
+  from fedjax_rep.data import partition as partition_lib
+  if args.model == "digits-mlp":
+    return [digits.federated(args.clients, "classes", CLASSES_PER_CLIENT, 0.5, seed=s)
+            for s in seed_values]
+  x, y, x_test, y_test = tfds_data.load("cifar10", mock_examples=CIFAR_MOCK_EXAMPLES)
+  out = []
+  for s in seed_values:
+    parts, test_parts = partition_lib.partition(
+        "classes", y, y_test, num_clients=args.clients, seed=s,
+        classes_per_client=CLASSES_PER_CLIENT)
+    out.append(federated.client_datasets(x, y, parts, x_test, y_test, test_parts,
+                                         NUM_CLASSES))
+  return out
+
+
 def problem(args):
-  """(algorithm, data [S, ...], run keys [S]) of digits-personalized's FedRep over
+  """(algorithm, data [S, ...], run keys [S]) of args.model's recipe's FedRep over
   args.clients clients and args.seeds seeds."""
   import fedjax_rep as fr
-  from fedjax_rep.data import digits, federated
-  from fedjax_rep.experiments import neural
+  from fedjax_rep.data import federated
+  from fedjax_rep.recipes.kit import neural
   seed_values = list(range(args.seeds))
-  data = federated.stack([digits.federated(args.clients, "classes", 2, 0.5, seed=s)
-                          for s in seed_values])
-  model = fr.make_model("digits-mlp", digits.NUM_CLASSES, precision=args.precision)
+  data = federated.stack(datasets(args, seed_values))
+  model = fr.make_model(args.model, NUM_CLASSES, precision=args.precision)
   algorithm = fr.make_neural_algorithm(
       "fedrep", model=model, cohort=fr.cohort_size(args.clients, PARTICIPATION),
       local_epochs=LOCAL_EPOCHS, head_epochs=HEAD_EPOCHS, batch_size=BATCH,
@@ -77,36 +136,29 @@ def problem(args):
 
 def variants(args, count):
   """{variant: a function running it once and returning its runs' final metrics} for
-  `count` settings (`settings`): 'one-program' returns them in run order (setting-major,
-  then seed), 'one-at-a-time' concatenates each setting's in the same order."""
+  `count` settings (`settings`), in run order (setting-major, then seed): `Batch.train` of
+  width `count` ('one-program') or 1 ('one-at-a-time')."""
   import fedjax_rep as fr
-  from fedjax_rep.core import loop
-  from fedjax_rep.experiments import neural, shared
+  from fedjax_rep.experiments import batch
   algorithm, data, keys = problem(args)
-  hparams = [fr.nn_hparams(lr, momentum, WEIGHT_DECAY) for lr, momentum in settings(count)]
-  stacked = jax.tree.map(lambda *leaves: np.repeat(np.stack([np.asarray(v) for v in leaves]),
-                                                   args.seeds, axis=0), *hparams)
-  tiled = shared.concatenate([data] * count)
-  tiled_keys = neural.run_keys(list(range(args.seeds)), count)
-  run = dict(eval_every=args.eval_every, progress=False)
+  hparams = [fr.nn_hparams(lr, momentum, WEIGHT_DECAY)
+             for lr, momentum in settings(count, args.model)]
 
-  def one_program():
-    return final_metrics(loop.run(algorithm, tiled, stacked, tiled_keys, args.rounds,
-                                  sweep_axes=(0, 0, 0), **run))
+  def variant(width):
+    runner = batch.Batch(progress=False, width=width)
+    return lambda: final_metrics(runner.train("nn-sweep", algorithm, data, hparams, keys,
+                                              args.rounds, eval_every=args.eval_every))
 
-  def one_at_a_time():
-    finals = [final_metrics(loop.run(algorithm, data, h, keys, args.rounds,
-                                     sweep_axes=(0, None, 0), **run)) for h in hparams]
-    return {name: np.concatenate([f[name] for f in finals]) for name in finals[0]}
-
-  return {"one-program": one_program, "one-at-a-time": one_at_a_time}
+  return {name: variant(width or count) for name, width in WIDTHS.items()}
 
 
-def final_metrics(result) -> dict[str, np.ndarray]:
-  """{name: [runs]}: the last round's metrics and the last evaluation's (`eval:` names)."""
-  out = {name: np.asarray(v)[:, -1] for name, v in result.metrics.items()}
-  out.update({"eval:" + name: np.asarray(v)[:, -1] for name, v in result.eval_metrics.items()})
-  return out
+def final_metrics(results) -> dict[str, np.ndarray]:
+  """{name: [G * S]}: the last round's metrics and the last evaluation's (`eval:` names) of
+  `Batch.train`'s results (one per setting), setting-major."""
+  finals = [{**{name: v[:, -1] for name, v in result["metrics"].items()},
+             **{"eval:" + name: v[:, -1] for name, v in result["eval"].items()}}
+            for result in results]
+  return {name: np.concatenate([f[name] for f in finals]) for name in finals[0]}
 
 
 def max_abs_diff(a: dict, b: dict) -> float:
@@ -146,10 +198,11 @@ def run_child(args) -> dict:
 def child(variant, count, args) -> dict:
   """`run_child` of `variant` with `count` settings in a new process; {'error': text} if
   it fails."""
-  command = [sys.executable, os.path.abspath(__file__), "--child", variant,
-             "--settings", str(count), "--seeds", str(args.seeds), "--rounds", str(args.rounds),
-             "--clients", str(args.clients), "--client-group", str(args.client_group),
-             "--eval-every", str(args.eval_every), "--precision", args.precision]
+  command = [sys.executable, os.path.abspath(__file__), "--child", variant, "--model",
+             args.model, "--settings", str(count), "--seeds", str(args.seeds), "--rounds",
+             str(args.rounds), "--clients", str(args.clients), "--client-group",
+             str(args.client_group), "--eval-every", str(args.eval_every), "--precision",
+             args.precision]
   run = subprocess.run(command, capture_output=True, text=True)
   if run.returncode != 0:
     return {"error": f"exit {run.returncode}: {run.stderr.strip()[-2000:]}"}
@@ -163,6 +216,7 @@ def measure(count, args) -> dict:
   """The row of `count` settings: both variants timed here (interleaved, after a first
   run each), compared on the first repetition, then each in a process of its own; the load
   averages (1, 5, 15 min) before and after."""
+  from fedjax_rep.experiments import batch
   load_before = list(os.getloadavg())
   runs = variants(args, count)
   for run in runs.values():  # compile, and warm
@@ -184,9 +238,10 @@ def measure(count, args) -> dict:
         flush=True)
   children = {variant: child(variant, count, args) for variant in VARIANTS}
   print(f"[G={count}] own processes: {children}", flush=True)
-  row = {"settings": count, "seeds": args.seeds, "rounds": args.rounds,
-         "clients": args.clients, "client_group": args.client_group,
-         "precision": args.precision, "lrs_momenta": settings(count),
+  row = {"model": args.model, "recipe": SETUPS[args.model].recipe, "settings": count,
+         "seeds": args.seeds, "rounds": args.rounds, "clients": args.clients,
+         "client_group": args.client_group, "eval_every": args.eval_every,
+         "precision": args.precision, "lrs_momenta": settings(count, args.model),
          "seconds_one_program": one, "seconds_one_at_a_time": alone, "ratio": one / alone,
          "seconds_one_program_all": times["one-program"],
          "seconds_one_at_a_time_all": times["one-at-a-time"]}
@@ -200,8 +255,8 @@ def measure(count, args) -> dict:
     if "error" in result:
       row[f"error{suffix}"] = result["error"]
   row.update({"max_abs_diff": difference, "load_before": load_before,
-              "load": list(os.getloadavg()),
-              "backend": jax.default_backend()})
+              "load": list(os.getloadavg()), "backend": jax.default_backend(),
+              "width_chosen": batch.default_width()})
   return row
 
 
@@ -211,10 +266,11 @@ def text(value, form, scale=1.0) -> str:
 
 
 def format_table(rows) -> str:
-  """The rows as a fixed-width text table (RSS in GiB)."""
+  """The rows as a fixed-width text table (RSS in GiB; W chosen: the width the batch runner
+  chooses on the backend, 'all that fit' for None)."""
   header = (f"{'G':>3} {'S':>3} {'rounds':>6} {'one prog s':>10} {'one-by-one s':>12} "
             f"{'ratio':>6} {'compile s (prog / 1-by-1)':>25} {'peak RSS GiB (prog / 1-by-1)':>28} "
-            f"{'max diff':>8} {'load':>5}")
+            f"{'max diff':>8} {'load':>5} {'backend':>7} {'W chosen':>12}")
   lines = [header, "-" * len(header)]
   for r in rows:
     compiles = (f"{text(r['compile_seconds_one_program'], '.2f')} / "
@@ -224,7 +280,8 @@ def format_table(rows) -> str:
     lines.append(
         f"{r['settings']:>3} {r['seeds']:>3} {r['rounds']:>6} {r['seconds_one_program']:>10.3f} "
         f"{r['seconds_one_at_a_time']:>12.3f} {r['ratio']:>6.2f} {compiles:>25} {rss:>28} "
-        f"{r['max_abs_diff']:>8.1e} {r['load'][0]:>5.2f}")
+        f"{r['max_abs_diff']:>8.1e} {r['load'][0]:>5.2f} {r['backend']:>7} "
+        f"{width_text(r['width_chosen']):>12}")
   for r in rows:
     for key in ("error_one_program", "error_one_at_a_time"):
       if r.get(key):
@@ -234,22 +291,27 @@ def format_table(rows) -> str:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--model", choices=tuple(SETUPS), default="digits-mlp",
+                      help="the recipe's setup to run (default digits-mlp)")
   parser.add_argument("--settings", type=int, nargs="+", default=[1, 4, 8],
                       help="grid sizes G: (lr, momentum) settings (default 1 4 8)")
   parser.add_argument("--seeds", type=int, default=2, help="seeds S per setting (default 2)")
-  parser.add_argument("--rounds", type=int, default=40,
-                      help="rounds of each run (default 40, the recipe's --quick)")
-  parser.add_argument("--clients", type=int, default=50, help="clients n (default 50)")
-  parser.add_argument("--client-group", type=int, default=10,
-                      help="clients trained together in one vmap (default 10)")
-  parser.add_argument("--eval-every", type=int, default=5,
-                      help="evaluate every this many rounds (default 5)")
+  parser.add_argument("--rounds", type=int,
+                      help="rounds of each run (default: the recipe's, 40 or 3)")
+  parser.add_argument("--clients", type=int, help="clients n (default: 50 or 10)")
+  parser.add_argument("--client-group", type=int,
+                      help="clients trained together in one vmap (default: 10 or 1)")
+  parser.add_argument("--eval-every", type=int,
+                      help="evaluate every this many rounds (default: 5 or 1)")
   parser.add_argument("--precision", choices=("float32", "bf16"), default="float32")
   parser.add_argument("--repeats", type=int, default=7,
                       help="timed repetitions of each variant, interleaved (default 7)")
   parser.add_argument("--json", metavar="PATH", help="also write the rows as a JSON list")
   parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
   args = parser.parse_args()
+  for name in ("rounds", "clients", "client_group", "eval_every"):
+    if getattr(args, name) is None:
+      setattr(args, name, getattr(SETUPS[args.model], name))
   for name in ("seeds", "rounds", "clients", "client_group", "eval_every", "repeats"):
     if getattr(args, name) < 1:
       parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -258,11 +320,14 @@ def main():
   if args.child:
     print(json.dumps(run_child(args)))
     return
+  from fedjax_rep.experiments import batch
   print("\n".join(machine_info()))
   print(f"started {now()}")
-  print(f"digits-personalized's FedRep: {args.clients} clients, participation {PARTICIPATION}, "
-        f"{args.seeds} seeds, {args.rounds} rounds, client groups of {args.client_group}, "
-        f"{args.precision}; {args.repeats} interleaved repetitions", flush=True)
+  print(f"{SETUPS[args.model].recipe}'s FedRep ({args.model}): {args.clients} clients, "
+        f"participation {PARTICIPATION}, {args.seeds} seeds, {args.rounds} rounds, client "
+        f"groups of {args.client_group}, {args.precision}; {args.repeats} interleaved "
+        f"repetitions; backend {jax.default_backend()}, the batch runner's width there: "
+        f"{width_text(batch.default_width())}", flush=True)
   rows = [measure(count, args) for count in args.settings]
   print(f"\nfinished {now()}\n")
   print(format_table(rows))

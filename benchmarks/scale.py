@@ -7,9 +7,10 @@ there through XLA_FLAGS=--xla_force_host_platform_device_count=D, after the call
 XLA_FLAGS (emulated CPU devices share this machine's cores: more devices is a check of the
 sharded program, not a speed-up here). With `--platform cuda` (any JAX_PLATFORMS value
 but cpu) the subprocess runs on that accelerator's real devices instead, and the table
-adds their peak memory (the allocator's peak_bytes_in_use, summed over the devices used). Next to the measured
-peak the table prints `fedjax_rep.linear.memory`'s estimate. A configuration that cannot
-fit stops in its subprocess with the memory check's one-line error, shown in the table.
+adds their peak memory (the allocator's peak_bytes_in_use, summed over the devices used).
+Next to the measured peak the table prints `fedjax_rep.linear.memory`'s estimate. A
+configuration that cannot fit stops in its subprocess with the memory check's one-line
+error, shown in the table.
 
 `--processes P` (CPU only) runs a configuration of D devices in all as a job of P local
 processes under JAX's multi-controller runtime instead of one process: process i gets

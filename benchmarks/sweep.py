@@ -45,7 +45,8 @@ API_SCRIPT = """
 import sys, time, pickle
 start = time.perf_counter()
 import fedjax_rep as fr
-seeds, lrs, mode, path = int(sys.argv[1]), [float(v) for v in sys.argv[2].split(",")], sys.argv[3], sys.argv[4]
+seeds, lrs = int(sys.argv[1]), [float(v) for v in sys.argv[2].split(",")]
+mode, path = sys.argv[3], sys.argv[4]
 if mode == "grid":
   rows = fr.run_recipe("fedrep-fig3", quick=True, seeds=seeds, progress=False, grid={"lr": lrs})[0]
 else:

@@ -8,10 +8,12 @@ from fedjax_rep.core.compile_cache import enable as enable_compile_cache
 from fedjax_rep.core.threefry import use_flat as use_flat_threefry
 from fedjax_rep.core.loop import Chunk, RunResult, evaluate, init_state, run
 from fedjax_rep.core.padding import Padded, PaddedData
-from fedjax_rep.core.protocols import (Algorithm, Checked, ClientData, Evaluated,
-                                      MaskedAlgorithm)
+from fedjax_rep.core.protocols import (Algorithm, Checked, ClassificationData, ClientData,
+                                      Evaluated, MaskedAlgorithm)
 from fedjax_rep.core.registry import ALGORITHMS
 from fedjax_rep.data import digits
+from fedjax_rep.data.datasets import DATASETS
+from fedjax_rep.data.datasets import register as register_dataset
 from fedjax_rep.data.federated import ClientDatasets, client_datasets
 from fedjax_rep.data.federated import stack as stack_datasets
 from fedjax_rep.data.flat import FlatClients, flat_clients

@@ -1,5 +1,5 @@
-"""The `fedjax-rep` command: `list` recipes and algorithms, `run` a recipe (over a grid of
-settings with `--grid KEY=V1,V2,...`), check `data`, `compare` run directories."""
+"""The `fedjax-rep` command: `list` recipes, algorithms and datasets, `run` a recipe (over a
+grid of settings with `--grid KEY=V1,V2,...`), check `data`, `compare` run directories."""
 
 import argparse
 import csv
@@ -26,9 +26,10 @@ def _section(title: str, summaries: dict[str, str]) -> None:
 
 def _list(plugin_paths) -> None:
   """Prints the recipes, then each family's algorithms (those of the plugin files
-  `plugin_paths` too), then the participation schedules."""
+  `plugin_paths` too), then the participation schedules, then the datasets."""
   from fedjax_rep import api  # noqa: F401  registers every family's algorithms
   from fedjax_rep.core.registry import ALGORITHMS
+  from fedjax_rep.data.datasets import DATASETS
   from fedjax_rep.hetero.timed import SCHEDULES
   from fedjax_rep.experiments import plugins
   from fedjax_rep.experiments.registry import all_recipes
@@ -39,6 +40,9 @@ def _list(plugin_paths) -> None:
                                        for name, entry in entries.items()})
   _section("participation schedules on a simulated clock (wrap fedrep: hetero.timed):",
            SCHEDULES)
+  _section("datasets (--set dataset=NAME: fedrep-table1-cifar10/cifar100, flute-table1, "
+           "srpfl-neural, digits-personalized):",
+           {name: entry.summary for name, entry in DATASETS.items()})
 
 
 def _options_text(options) -> str:
@@ -59,15 +63,16 @@ def _data() -> None:
 
 def _plugin_argument(parser) -> None:
   parser.add_argument("--plugin", action="append", default=[], metavar="FILE",
-                      help="a Python file that registers algorithms with "
-                      "fr.register_algorithm, imported first (repeatable); its path and "
-                      "sha256 are recorded in config.json")
+                      help="a Python file that registers algorithms or datasets "
+                      "(fr.register_algorithm, fr.register_dataset), imported first "
+                      "(repeatable); its path and sha256 are recorded in config.json")
 
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="fedjax-rep", description=__doc__)
   commands = parser.add_subparsers(dest="command", required=True)
-  listing = commands.add_parser("list", help="list recipes and algorithms, one line each")
+  listing = commands.add_parser("list", help="list recipes, algorithms and datasets, one line "
+                                "each")
   _plugin_argument(listing)
   commands.add_parser("data", help="datasets: present or missing, where, how to get them")
   run = commands.add_parser(

@@ -115,13 +115,15 @@ def main() -> int:
   for name in hashes:
     same = before.get(name) == hashes[name]
     text = "identical" if same else largest_difference(
-        os.path.join(args.compare, name, "metrics.csv"), os.path.join(args.out, name, "metrics.csv"))
+        os.path.join(args.compare, name, "metrics.csv"),
+        os.path.join(args.out, name, "metrics.csv"))
     print(f"{name:24s} {compiles[name]:9d} {compiled_before.get(name, -1):7d}  {text}")
   differ = sorted(name for name in hashes if before.get(name) != hashes[name] and not
                   largest_difference(os.path.join(args.compare, name, "metrics.csv"),
                                      os.path.join(args.out, name, "metrics.csv")
                                      ).startswith("identical on its columns"))
-  print(f"{len(hashes)} recipes, {len(differ)} differ from {args.compare}: {', '.join(differ) or '-'}")
+  print(f"{len(hashes)} recipes, {len(differ)} differ from {args.compare}: "
+        f"{', '.join(differ) or '-'}")
   return 1 if differ else 0
 
 

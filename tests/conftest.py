@@ -44,9 +44,9 @@ if "PYTEST_XDIST_WORKER" not in os.environ:
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
-import jax
-import pytest
-from jax.experimental.compilation_cache import compilation_cache
+import jax  # noqa: E402  (after the environment above)
+import pytest  # noqa: E402
+from jax.experimental.compilation_cache import compilation_cache  # noqa: E402
 
 def emulated_devices_env(count: int) -> dict:
   """os.environ for a child process with `count` emulated CPU devices (XLA_FLAGS keeps the

@@ -47,7 +47,8 @@ def test_python_block_runs_as_written(where, code, tmp_path):
       assert returncode == 0, f"{where} (process {i} of {processes}) failed:\n{job.log(i)}"
 
 
-DATE_OR_HASH = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+DATE_OR_HASH = re.compile(
+    r"\b20\d\d-\d\d-\d\d\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
 
 
 def test_benchmarks_page_is_reference():

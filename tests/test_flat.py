@@ -15,7 +15,7 @@ import fedjax_rep as fr
 from fedjax_rep.data import flat
 from fedjax_rep.data import synthetic
 from fedjax_rep.data.federated import ClientDatasets, client_datasets, natural, stack
-from test_nn_reference import HP, MODEL, initial_state, make
+from test_nn_reference import HP, initial_state, make
 
 COUNTS = [3, 20, 5, 17, 9, 30]  # size classes of 16 and 32 rows
 TEST_COUNTS = [3, 4, 5, 3, 4, 5]

@@ -222,7 +222,7 @@ def test_rounds_match_the_reference(head_epochs, counts, layout):
                                err_msg=p)
 
 
-def client_update(algorithm, data, i=3, key=jax.random.key(5), hp=HP):
+def client_update(algorithm, data, i=3, key=jax.random.key(5), hp=HP):  # noqa: B008
   state = initial_state(algorithm, data)
   personal = jax.tree.map(lambda p: p[i], state.personal)
   return jitted(algorithm, "client_update")(state.shared, personal, data.x[i], data.y[i],

@@ -4,7 +4,7 @@ compiles, or a run with finite results (and a one-line warning where it means li
 import dataclasses
 import re
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import chex
 import jax

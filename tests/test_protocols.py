@@ -4,6 +4,9 @@ declares the attributes that the round loop reads."""
 import dataclasses
 from typing import ClassVar
 
+import numpy as np
+import pytest
+
 import fedjax_rep as fr
 from fedjax_rep.core import registry
 from fedjax_rep.core.padding import Padded
@@ -57,3 +60,20 @@ class Tracked(Untracked):
 def test_an_object_without_tracked_metric_is_not_an_algorithm():
   assert not isinstance(Untracked(), Algorithm)
   assert isinstance(Tracked(), Algorithm)
+
+
+def test_the_neural_data_say_what_they_hold():
+  """ClientDatasets and FlatClients are ClassificationData (classes, a validation split,
+  specs: asked, never probed); the linear data are not, and a neural run refuses them."""
+  from fedjax_rep.core.protocols import ClassificationData
+  from fedjax_rep.data import flat
+  data = fr.digits.federated(6, "classes", 2, seed=0)
+  split = fr.validation_split(data, 0.2, 0)
+  for each in (data, split, flat.from_padded(data), flat.from_padded(split)):
+    assert isinstance(each, ClassificationData)
+    assert each.num_classes == 10 and each.has_validation == (each.val_counts is not None)
+  linear = fr.client_data(np.ones((3, 4, 2), np.float32), np.ones((3, 4), np.float32))
+  assert not isinstance(linear, ClassificationData)
+  fedrep = make("neural", "fedrep")
+  with pytest.raises(ValueError, match="the neural algorithms train on classification data"):
+    fedrep.check(linear, fr.nn_hparams(lr=0.1))

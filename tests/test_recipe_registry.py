@@ -119,9 +119,7 @@ def test_no_config_field_block_is_repeated_across_recipe_modules():
 def test_a_recipe_whose_configuration_is_not_a_config_is_refused():
   """Every recipe's configuration derives from `experiments.config.Config` (its neutral
   methods are what shared code calls)."""
-  import dataclasses
 
-  import pytest
 
   @dataclasses.dataclass(frozen=True)
   class Plain:

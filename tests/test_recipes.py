@@ -56,9 +56,9 @@ def test_digits_personalized_quick():
   """FedRep beats FedAvg and local only; fine-tuning FedAvg's head improves on FedAvg."""
   rows, config = fr.run_recipe("digits-personalized", quick=True, progress=False,
                                overrides=["algorithms=fedrep,fedavg,fedavg-ft,local"])
-  from fedjax_rep.recipes.kit import neural as nn_common
+  from fedjax_rep.recipes.kit import summaries
   accuracy = {r["algorithm"]: r["test_accuracy"]
-              for r in nn_common.summary(rows, config.algorithms)}
+              for r in summaries.summary(rows, config.algorithms)}
   assert accuracy["fedrep"] > accuracy["fedavg"] + 0.1
   assert accuracy["fedrep"] >= accuracy["local"]
   assert accuracy["fedavg-ft"] > accuracy["fedavg"] + 0.1

@@ -72,6 +72,20 @@ def test_rounds_to_95_counts_to_95_percent_of_the_statistic():
   assert summaries.summary(plain, ("a",), "last")[0]["rounds_to_95"] == 3  # test: 0.5 < 0.57
 
 
+def test_no_validation_score_is_a_one_line_error_naming_what_to_do():
+  """A setting none of whose combinations has a finite val_accuracy (no validation split,
+  or every run diverged) is an error, not the first combination chosen silently."""
+  plain = [{k: v for k, v in e.items() if k != "val_accuracy"} for e in entries()]
+  with pytest.raises(cfg.ConfigError, match=r"--select: no combination of algorithm=a has a "
+                                            r"validation score .* give validation_fraction > 0"
+                     ) as error:
+    selection.choose(plain, {"lr": (0.1, 0.2)})
+  assert "\n" not in str(error.value)
+  diverged = [{**e, "val_accuracy": np.nan} if e["algorithm"] == "b" else e for e in entries()]
+  with pytest.raises(cfg.ConfigError, match="no combination of algorithm=b"):
+    selection.choose(diverged, {"lr": (0.1, 0.2)})
+
+
 def test_confirmed_adds_the_fresh_seeds_test_statistic():
   grid = {"lr": (0.1, 0.2)}
   chosen = selection.choose(entries(), grid)

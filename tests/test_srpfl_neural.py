@@ -9,6 +9,7 @@ import pytest
 
 import fedjax_rep as fr
 import fedjax_rep.experiments.runner
+from fedjax_rep.data import leaf, tfds_data
 from fedjax_rep.data.missing import DataMissing
 from fedjax_rep.hetero import speeds, timed
 from fedjax_rep.recipes.srpfl import neural as srpfl_neural
@@ -122,8 +123,8 @@ def test_datasets_with_files_give_s_classes_per_client(dataset, shape, labels, m
   rng = np.random.default_rng(0)
   fake = lambda n: (rng.random((n, *shape), np.float32), rng.integers(0, labels, n, np.int32))
   pooled = lambda *args, **kwargs: (*fake(4000), *fake(800))
-  monkeypatch.setattr(srpfl_neural.tfds_data, "_read", lambda *args: (fake(4000), fake(800)))
-  monkeypatch.setattr(srpfl_neural.leaf, "femnist_pooled", pooled)
+  monkeypatch.setattr(tfds_data, "_read", lambda *args: (fake(4000), fake(800)))
+  monkeypatch.setattr(leaf, "femnist_pooled", pooled)
   config = dataclasses.replace(srpfl_neural.Config(), dataset=dataset, num_clients=10)
   setting = srpfl_neural.setting(config)
   data = srpfl_neural.data(config, [0, 1])

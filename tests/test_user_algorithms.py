@@ -6,7 +6,7 @@ import csv
 import dataclasses
 import json
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -31,6 +31,43 @@ class ClientData(Protocol):
 
 
 @runtime_checkable
+class ClassificationData(Protocol):
+  """Per-client classification data with a leading client axis (the neural algorithms':
+  `data.federated.ClientDatasets`, `data.flat.FlatClients`), which say what they hold: the
+  code asks these, never probes. The clients train through `map_clients`."""
+  num_classes: int
+  """C: every label is in [0, C)."""
+
+  @property
+  def num_clients(self) -> int:
+    """n: the number of clients."""
+
+  def sample_counts(self, clients: jax.Array) -> jax.Array:
+    """Real training samples [c] (float32) of clients `clients` [c]."""
+
+  @property
+  def has_validation(self) -> bool:
+    """Whether every client holds a validation split beside its test split
+    (`data.validation.split`)."""
+
+  def input_spec(self, runs: int = 0) -> jax.ShapeDtypeStruct:
+    """The shape and dtype of one input (x after its `runs` leading run axes)."""
+
+  def client_spec(self) -> tuple:
+    """Shapes and dtypes of one client's training data: (x [m, ...], y [m], count [])."""
+
+  def check(self, classes: int | None = None) -> None:
+    """Raises ValueError on data no algorithm can train on, labels outside [0, classes)
+    (default num_classes) among them."""
+
+  def map_clients(self, fn, per_client, clients: jax.Array, group: int | None,
+                  test: bool = False, validation: bool = False):
+    """fn(args, x, y, count[, x_test, y_test, test_count][, x_val, y_val, val_count]) for
+    each of the clients `clients` [c] with its leaves of `per_client`, in groups of
+    `group`: fn's outputs, leaves [c, ...]."""
+
+
+@runtime_checkable
 class Algorithm(Protocol):
   """A federated algorithm: `init` and one `round` (see `core.loop`)."""
   name: str

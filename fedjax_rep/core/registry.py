@@ -7,7 +7,7 @@ Families register their entries when their registry module is imported.
 
 import dataclasses
 import re
-from typing import Callable
+from collections.abc import Callable
 
 FAMILIES = ("linear", "neural")
 

@@ -2,7 +2,7 @@
 dicts with '/'-joined keys (as flax.traverse_util's, without importing flax)."""
 
 from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -250,7 +250,7 @@ class FlatClients:
       stop = jnp.searchsorted(ranked, rows, side="right")
 
       def run(index, out, rows=rows, test_rows=test_rows, size=size, start=start, stop=stop,
-              val_rows=val_classes.get(rows)):
+              val_rows=val_classes.get(rows)):  # noqa: B008  (this iteration's values)
         position = start + index * size + jnp.arange(size)
         real = position < stop
         at = order[jnp.minimum(position, c - 1)]

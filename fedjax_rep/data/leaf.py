@@ -192,28 +192,6 @@ def femnist_pooled(classes=None, directory: str | None = None):
   return tuple(arrays)
 
 
-def femnist_letters(samples: int, seed: int, directory: str | None = None):
-  """FEMNIST's ten letters A..J pooled (`femnist_pooled(FEMNIST_LETTERS)`, labels 0..9),
-  subsampled at random to `samples` training samples (all where there are fewer) and the
-  test samples by the same fraction, in pooled order.
-
-  Args:
-    samples: training samples to keep.
-    seed: seed of the subsample (numpy's default_rng).
-    directory: LEAF's FEMNIST directory (None: its default location).
-
-  Returns:
-    (x_train [N, 28, 28, 1], y_train [N], x_test [T, 28, 28, 1], y_test [T]).
-  """
-  x, y, x_test, y_test = femnist_pooled(FEMNIST_LETTERS, directory)
-  if samples >= len(y):
-    return x, y, x_test, y_test
-  rng = np.random.default_rng(seed)
-  train = np.sort(rng.permutation(len(y))[:samples])
-  test = np.sort(rng.permutation(len(y_test))[:max(1, len(y_test) * samples // len(y))])
-  return x[train], y[train], x_test[test], y_test[test]
-
-
 def tokens(text: str) -> list[str]:
   """LEAF's Sent140 tokens of a tweet, lower-cased (GloVe's words are): words (with
   apostrophes) and the punctuation marks . , ! ? ;"""

@@ -135,9 +135,9 @@ def load(name: str, data_dir: str | None = None, mock_examples: int | None = Non
   """(x_train [N, H, W, C], y_train [N], x_test [T, H, W, C], y_test [T]) of dataset `name`:
   pixels float32 in [0, 1], labels int32 (tfds's: CIFAR-10 0..9, CIFAR-100 0..99 fine
   labels, EMNIST balanced 0..46, digits first). EMNIST images are transposed to stand
-  upright (tfds keeps NIST's transposed storage). With mock_examples=k, k random examples per split from
-  `tfds.testing.mock_data` instead of the files; with classes=c, only the samples labelled
-  0..c-1. Raises DataMissing, naming the command that prepares the data, when the files are
+  upright (tfds keeps NIST's transposed storage). With mock_examples=k, k random examples per
+  split from `tfds.testing.mock_data` instead of the files; with classes=c, only the samples
+  labelled 0..c-1. Raises DataMissing, naming the command that prepares the data, when the files are
   not there."""
   (x, y), (x_test, y_test) = (_read(name, data_dir) if mock_examples is None
                               else _mock(name, mock_examples))

@@ -12,7 +12,7 @@ scope and log live to the tracker, both passed in, never found in module state.
 
 import dataclasses
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -24,12 +24,12 @@ from fedjax_rep.core import memory
 # Of one run's state, the copies a chunk holds at once (the carried state, the new one, the
 # donated buffers and the optimiser's); a run's data are held once for every setting.
 STATE_COPIES = 4
-# Settings per call of a program, by backend (elsewhere: as many as fit in memory). On the
-# CPU one: a wide vmap of a neural network costs more time than its settings one after
-# another (fedrep-table1-cifar10 --quick, 4 lr: 290 s as one vmap, 4 x 57 s one by one;
-# benchmarks/nn_sweep.py), and XLA:CPU's results depend on the vmap's width (srpfl-linear's
-# FedRep, 18 runs against 2: the 6th digit), so that one setting at a time gives every
-# setting the numbers it has alone, bit for bit.
+# Settings per call of a program, by backend (elsewhere: as many as fit in memory), measured
+# by benchmarks/nn_sweep.py (docs/benchmarks.md). On the CPU one: XLA:CPU's results depend
+# on a vmap's width in the last digits (srpfl-linear's FedRep, 18 runs against 2), so one
+# setting at a time gives every setting the numbers it has alone, bit for bit; a wide vmap
+# of the CIFAR CNN is no faster there (4 settings: 1.05x the time of one after another) and
+# holds more (1.20 against 0.68 GiB); the digits MLP would gain (8 settings: 0.64x).
 WIDTHS = {"cpu": 1}
 
 

@@ -17,7 +17,7 @@ import itertools
 import math
 import re
 import typing
-from typing import Callable
+from collections.abc import Callable
 
 
 class ConfigError(ValueError):
@@ -402,7 +402,7 @@ def _validate_options(config) -> None:
       raise ConfigError(str(error)) from None
 
 
-# Fields every recipe uses (DESIGN.md names them).
+# Fields every recipe uses, under the names the command line documents (docs/cli.md).
 
 
 def num_clients(default):

@@ -1,5 +1,6 @@
 """Plugins: a user's Python file, imported before a recipe's configuration is read, that
-registers its algorithms with `fr.register_algorithm` (`fedjax-rep run --plugin FILE`).
+registers its algorithms with `fr.register_algorithm` and its datasets with
+`fr.register_dataset` (`fedjax-rep run --plugin FILE`).
 config.json records each plugin's absolute path and the sha256 of its content; a replay
 or --resume loads the same files and refuses one that is missing or changed."""
 
@@ -36,10 +37,12 @@ def _checked_path(path: str) -> str:
   absolute = os.path.abspath(path)
   if not os.path.isfile(absolute):
     raise PluginError(f"--plugin {path}: no such file; give the path of a Python file that "
-                      f"registers algorithms with fr.register_algorithm")
+                      f"registers algorithms or datasets (fr.register_algorithm, "
+                      f"fr.register_dataset)")
   if not absolute.endswith(".py"):
     raise PluginError(f"--plugin {path} is not a .py file; give a Python source file that "
-                      f"registers algorithms with fr.register_algorithm")
+                      f"registers algorithms or datasets (fr.register_algorithm, "
+                      f"fr.register_dataset)")
   return absolute
 
 

@@ -13,7 +13,7 @@ import importlib.metadata
 import importlib.util
 import itertools
 import pkgutil
-from typing import Callable
+from collections.abc import Callable
 
 from fedjax_rep.experiments import config as cfg
 

@@ -53,7 +53,8 @@ def choose(entries: list[dict], grid: dict) -> list[dict]:
   with its swept keys, its `grid` label and val_accuracy): per setting (`setting_keys`),
   the entry of the largest val_accuracy (the first of equals; NaN never wins), with its
   setting, its swept values, `grid`, val_accuracy and its std over seeds, test_accuracy
-  and its std, the statistic, the seeds and how many combinations were compared."""
+  and its std, the statistic, the seeds and how many combinations were compared. Raises
+  ConfigError (one line) where no combination of a setting has a validation score."""
   keys = setting_keys(entries, grid)
   groups = {}
   for entry in entries:
@@ -61,7 +62,13 @@ def choose(entries: list[dict], grid: dict) -> list[dict]:
   rows = []
   for setting, group in groups.items():
     scores = np.array([e.get("val_accuracy", np.nan) for e in group], float)
-    best = group[int(np.nanargmax(scores))] if np.isfinite(scores).any() else group[0]
+    if not np.isfinite(scores).any():
+      named = ", ".join(f"{k}={v}" for k, v in zip(keys, setting))
+      raise cfg.ConfigError(f"--select: no combination of {named} has a validation score "
+                            f"(val_accuracy) to choose by: its runs held no validation split "
+                            f"or all diverged; give validation_fraction > 0 (e.g. --set "
+                            f"validation_fraction=0.2) and values that do not diverge")
+    best = group[int(np.nanargmax(scores))]
     rows.append({**dict(zip(keys, setting)), **{k: best[k] for k in grid},
                  "grid": best["grid"], "val_accuracy": best.get("val_accuracy", np.nan),
                  "val_accuracy_std_over_seeds": best.get("val_accuracy_std_over_seeds", np.nan),

@@ -13,7 +13,7 @@ With `dropout` p, each client fails to report in a round with probability p (`re
 """
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -26,7 +26,7 @@ from fedjax_rep.linear import fresh_statistics
 from fedjax_rep.linear import heads as heads_lib
 from fedjax_rep.linear import metrics as metrics_lib
 from fedjax_rep.linear.problem import LinearProblem, check_noise_std, sample, sample_clients
-from fedjax_rep.linear.validation import check_scale
+from fedjax_rep.linear.checks import check_scale
 
 
 @struct.dataclass

@@ -21,7 +21,7 @@ from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.data_modes import Targets
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
-from fedjax_rep.linear.validation import check_data
+from fedjax_rep.linear.checks import check_data
 
 
 @struct.dataclass

@@ -26,7 +26,7 @@ from fedjax_rep.linear import init as init_lib
 from fedjax_rep.linear.fedrep import RepState
 from fedjax_rep.linear.hparams import LinearHparams
 from fedjax_rep.linear.metrics import round_metrics
-from fedjax_rep.linear.validation import check_data
+from fedjax_rep.linear.checks import check_data
 
 LOSSES = {"half-mean": 0.5, "mean": 1.0}  # L_i = scale * (1/N) sum of squared residuals
 GAMMA1, GAMMA2 = 0.25, 0.125  # Theorem 5.1

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core import checks
+from fedjax_rep.core.protocols import ClassificationData
 from fedjax_rep.nn import conventions
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import params as params_lib
@@ -28,11 +29,15 @@ _PROBED = set()  # (algorithm, shapes) whose hooks passed `check_hooks`
 
 def check(algorithm, data, hparams) -> None:
   """Raises ValueError on a run `algorithm` cannot make: hparams' options
-  (`check_options`), the data's own checks (labels below the classes the model outputs
-  too), 1 <= cohort <= num_clients, eval_clients one of EVAL_CLIENTS and the hooks
-  (`check_hooks`)."""
+  (`check_options`), data that are no `core.protocols.ClassificationData`, the data's own
+  checks (labels below the classes the model outputs too: its num_classes), 1 <= cohort <=
+  num_clients, eval_clients one of EVAL_CLIENTS and the hooks (`check_hooks`)."""
   check_options(algorithm, hparams)
-  data.check(min(data.num_classes, getattr(algorithm.model, "num_classes", data.num_classes)))
+  if not isinstance(data, ClassificationData):
+    raise ValueError(f"{algorithm.name}: the neural algorithms train on classification data "
+                     f"(fr.ClientDatasets, fr.FlatClients: fr.client_datasets, "
+                     f"fr.flat_clients), not a {type(data).__name__}")
+  data.check(min(data.num_classes, algorithm.model.num_classes))
   checks.in_range("cohort", algorithm.cohort, 1, data.num_clients, "the number of clients",
                   "sample at most that many clients per round")
   if algorithm.eval_clients not in EVAL_CLIENTS:

@@ -14,11 +14,11 @@ def evaluate(algorithm, state, data, hparams) -> dict:
   """Every client tested on its own test set with its own params (`eval_params`):
   `accuracy_metrics` over all clients, or with eval_clients="cohort" over the last round's
   cohort (those without test samples left out). Where the data have a validation split
-  (`data.validation.split`), the same params (computed once per client) are also tested on
-  the client's validation rows: `accuracy_metrics` with prefix "val_" (val_accuracy, ...,
-  val_clients; clients without validation samples left out). Sharded, each device tests the
-  clients it holds."""
-  validation = getattr(data, "has_validation", False)
+  (`data.validation.split`; `core.protocols.ClassificationData.has_validation`), the same
+  params (computed once per client) are also tested on the client's validation rows:
+  `accuracy_metrics` with prefix "val_" (val_accuracy, ..., val_clients; clients without
+  validation samples left out). Sharded, each device tests the clients it holds."""
+  validation = data.has_validation
   splits = [("test_", data.test_counts)] + ([("val_", data.val_counts)] if validation else [])
   splits = [(prefix, counts if state.cohort is None else jnp.where(state.cohort, counts, 0))
             for prefix, counts in splits]

@@ -12,7 +12,7 @@ afresh each round, never carries momentum.
 """
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -219,6 +219,24 @@ MODELS: dict[str, str] = {
 }
 
 
+# The input shapes (one example) whose model `model_for` names, the package's datasets'.
+BY_SHAPE = {(32, 32, 3): "cifar10-cnn", (28, 28, 1): "mlp", (8, 8, 1): "digits-mlp"}
+
+
+def model_for(input_shape: Sequence[int]) -> str:
+  """The name of the model for inputs of shape input_shape (one example): BY_SHAPE's, else
+  "mlp" for other images [H, W, C] and "synthetic-mlp" for vectors [D]. Raises ValueError
+  for other shapes, naming what to do."""
+  shape = tuple(int(d) for d in input_shape)
+  if shape in BY_SHAPE:
+    return BY_SHAPE[shape]
+  if len(shape) in (1, 3):
+    return "mlp" if len(shape) == 3 else "synthetic-mlp"
+  raise ValueError(f"no model is chosen for inputs of shape {shape}: give images [H, W, C] "
+                   f"(e.g. [H, W, 1] for grey ones) or vectors [D], or name a model "
+                   f"(one of {', '.join(MODELS)})")
+
+
 PRECISIONS: dict[str, tuple[Any, Any]] = {
     "float32": (None, jax.lax.Precision.HIGHEST),
     "tf32": (None, None),

@@ -6,7 +6,7 @@ A label tree maps every parameter path to 'shared' or 'personal', as the labels 
 ones once, the personal ones with a leading client axis.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 from fedjax_rep.core.tree import flatten, unflatten  # noqa: F401  params as flat dicts
 

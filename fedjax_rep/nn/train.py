@@ -11,7 +11,7 @@ runs as many steps as its largest client needs, the others' parameters held).
 """
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

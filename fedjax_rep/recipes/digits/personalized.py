@@ -10,12 +10,13 @@ rounds. FedAvg-FT fine-tunes the head for `head_epochs` epochs before each evalu
 local only trains a client whenever it is sampled. Accuracy is the mean over clients of
 each client's test accuracy with its own parameters, every `eval_every` rounds; the
 summary is the mean of the last 10 evaluations. `--set algorithms=...` takes any neural
-algorithm of the registry (`fedjax-rep list`), with its options' defaults.
+algorithm of the registry (`fedjax-rep list`), with its options' defaults; `--set
+dataset=...` any registered dataset (`data.datasets`: a --plugin file's too), with its model.
 """
 
 import dataclasses
 
-from fedjax_rep.data import digits, federated
+from fedjax_rep.data import datasets, federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
@@ -28,41 +29,56 @@ from fedjax_rep.experiments.registry import Recipe, register
 
 @dataclasses.dataclass(frozen=True)
 class Config(neural.Training):
+  dataset: str = neural.dataset("digits")
   num_clients: int = cfg.num_clients(50)
   partition: str = neural.partition()
   classes_per_client: int = neural.classes_per_client(2)
   dirichlet_alpha: float = neural.dirichlet_alpha()
   lr: float = cfg.lr(0.05, "step size of local SGD")
-  model: str = cfg.choice("the network", "digits-mlp", ("digits-mlp", "digits-cnn"))
+  model: str | None = cfg.setting(None, cfg.Check(str, choices=tuple(models.MODELS),
+                                                   optional=True, auto="the dataset's"),
+                                   "the network (e.g. digits-cnn on digits)")
   algorithms: tuple = neural.algorithms()
 
   def check(self):
-    """The partition must be possible on digits (checked on the labels: no training)."""
-    _, y, _, y_test = digits.load(self.seed)
+    """The dataset's files must be there and the partition possible on it (checked on the
+    labels: no training)."""
+    neural.check_dataset(self.dataset)
+    _, y, _, y_test = datasets.arrays(self.dataset, self.seed)
     try:
       partition_lib.partition(self.partition, y, y_test, num_clients=self.num_clients,
                               seed=self.seed, classes_per_client=self.classes_per_client,
                               dirichlet_alpha=self.dirichlet_alpha)
     except ValueError as error:
-      raise cfg.ConfigError(f"{error} (digits has {len(y)} training samples, 10 classes)") \
-          from None
+      raise cfg.ConfigError(f"{error} ({self.dataset} has {len(y)} training samples, "
+                            f"{datasets.lookup(self.dataset).num_classes} classes)") from None
 
 
 def data(config: Config, seed_values):
-  """The clients' datasets of every seed (with config's validation split), stacked along a
-  leading seed axis."""
-  return federated.stack([neural.validated(digits.federated(
-      config.num_clients, config.partition, config.classes_per_client,
-      config.dirichlet_alpha, seed=s), config, s) for s in seed_values])
+  """The clients of every seed (the seed draws the partition, and the split of a seeded
+  dataset such as digits), with config's validation split, stacked along a leading seed
+  axis (`neural.stacked_datasets`)."""
+  pooled = datasets.by_seed(config.dataset, config.seed)
+
+  def dataset(run):
+    x, y, x_test, y_test = pooled(run["seed"])
+    parts, test_parts = partition_lib.partition(
+        config.partition, y, y_test, num_clients=config.num_clients, seed=run["seed"],
+        classes_per_client=config.classes_per_client, dirichlet_alpha=config.dirichlet_alpha)
+    return federated.client_datasets(x, y, parts, x_test, y_test, test_parts,
+                                     datasets.lookup(config.dataset).num_classes)
+
+  return neural.stacked_datasets(config, [{"seed": s} for s in seed_values], dataset)
 
 
 def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   seed_values = config.seed_values(seeds)
-  datasets = data(config, seed_values)
-  model = models.make_model(config.model, digits.NUM_CLASSES, precision=config.precision)
+  clients = data(config, seed_values)
+  model = neural.dataset_model(config.dataset, clients.input_spec(runs=1).shape,
+                               config.precision, config.model)
   rows = []
   for name in config.algorithms:
-    results = neural.trained(batch, name, name, config, model, datasets,
+    results = neural.trained(batch, name, name, config, model, clients,
                              neural.run_keys(seed_values), config.num_clients, grid,
                              runs=[{"seed": s} for s in seed_values])
     for combination, result in zip(grid or [{}], results):
@@ -79,7 +95,8 @@ def plot(rows, config: Config, file) -> None:
   loss.set(xlabel="communication round", ylabel="local training loss", yscale="log")
   split = (f"{config.classes_per_client} class shards/client" if config.partition == "classes"
            else f"Dir({config.dirichlet_alpha})" if config.partition == "dirichlet" else "iid")
-  fig.suptitle(f"digits, {config.model}: n={config.num_clients}, {split}, "
+  model = config.model or datasets.lookup(config.dataset).model or "its model by input shape"
+  fig.suptitle(f"{config.dataset}, {model}: n={config.num_clients}, {split}, "
                f"r={config.participation}, {config.head_epochs}+{config.local_epochs} epochs"
                f"{neural.options_text(config)}")
   plotting.save(fig, file)

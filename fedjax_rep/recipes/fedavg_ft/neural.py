@@ -98,18 +98,18 @@ class Config(cfg.Config):
 
 def seed_data(config: Config, seed: int):
   """(training clients, probe set, new clients) of one seed: the seen classes split over
-  config.num_clients clients (Dirichlet); the digits test split x [T, 8, 8, 1], y [T]
-  (every class); ClientDatasets [K, J, ...] of J = config.new_clients new clients for each
-  k of config.finetune_samples: k samples of each unseen class (client j's first k of its
-  own shuffle of every class), all padded to u * max k rows, each tested on every test
-  sample of the unseen classes."""
+  config.num_clients clients (Dirichlet; `run` adds the validation split); the digits test
+  split x [T, 8, 8, 1], y [T] (every class); ClientDatasets [K, J, ...] of J =
+  config.new_clients new clients for each k of config.finetune_samples: k samples of each
+  unseen class (client j's first k of its own shuffle of every class), all padded to u *
+  max k rows, each tested on every test sample of the unseen classes."""
   x, y, x_test, y_test = digits.load(seed)
   seen = digits.NUM_CLASSES - config.unseen_classes
   parts, test_parts = partition_lib.dirichlet(y[y < seen], y_test[y_test < seen],
                                               config.num_clients, config.dirichlet_alpha, seed)
-  clients = neural.validated(federated.client_datasets(
+  clients = federated.client_datasets(
       x[y < seen], y[y < seen], parts, x_test[y_test < seen], y_test[y_test < seen],
-      test_parts, digits.NUM_CLASSES), config, seed)
+      test_parts, digits.NUM_CLASSES)
   rng = np.random.default_rng([seed, 1])  # apart from the partition's stream
   shuffles = [[rng.permutation(np.flatnonzero(y == c)) for c in range(seen, digits.NUM_CLASSES)]
               for _ in range(config.new_clients)]
@@ -157,9 +157,11 @@ def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   keys: lr, momentum, weight_decay; None: config's values); the combinations of an
   algorithm train by `batch` as one program."""
   seed_values = config.seed_values(seeds)
-  clients, probes, new = zip(*[seed_data(config, s) for s in seed_values])
-  clients, new = federated.stack(list(clients)), tree.stack(new)
-  probe_x, probe_y = tree.stack(probes)
+  per_seed = {s: seed_data(config, s) for s in seed_values}
+  clients = neural.stacked_datasets(config, [{"seed": s} for s in seed_values],
+                                    lambda run: per_seed[run["seed"]][0])
+  new = tree.stack([per_seed[s][2] for s in seed_values])
+  probe_x, probe_y = tree.stack([per_seed[s][1] for s in seed_values])
   model = models.make_model(config.model, digits.NUM_CLASSES, precision=config.precision)
   cohort = cohort_size(config.num_clients, config.participation)
   keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data

@@ -103,6 +103,7 @@ RECIPE = register(Recipe(
     name="fedrep-fig3",
     rank=20,
     docs="docs/papers/fedrep.md",
-    summary="FedRep Fig. 3: principal angle vs rounds, FedRep vs GD-GD vs 10GD-GD, n in {10,100,1000}",
+    summary="FedRep Fig. 3: principal angle vs rounds, FedRep vs GD-GD vs 10GD-GD, "
+            "n in {10,100,1000}",
     config=Config, quick={"rounds": 100}, run=run, plot=plot, default_seeds=3,
     traced=("lr", "head_lr")))

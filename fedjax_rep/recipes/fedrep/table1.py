@@ -3,7 +3,9 @@ real data, every algorithm of the table, the paper's number beside the measured 
 
 - CIFAR-10 (n, S) in (100, 2), (100, 5), (1000, 2) and CIFAR-100 (100, 5), (100, 20):
   tfds files; each client holds S class shards (`partition.classes`) with 50,000/n
-  training samples, its test samples from the same labels; FedRep's CNNs.
+  training samples, its test samples from the same labels; FedRep's CNNs. `--set
+  dataset=NAME` runs the same settings on any registered dataset (`data.datasets`: a
+  --plugin file's too), with its model.
 - FEMNIST: LEAF's files, letters A-J, re-split over n = 150 clients with S = 3 letters
   each and log-normal sizes (`size_sigma` 0.5); the MLP; 200 rounds.
 - Sent140: LEAF's users as clients (n = 183), tweets as 25 padded token ids (a vocabulary
@@ -16,7 +18,7 @@ formats, offline; its accuracies mean nothing.
 import dataclasses
 import tempfile
 
-from fedjax_rep.data import leaf, tfds_data
+from fedjax_rep.data import datasets, leaf
 from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.kit import neural
@@ -30,15 +32,13 @@ QUICK_ALGORITHMS = ("local", "fedavg-ft", "fedrep")
 
 @dataclasses.dataclass(frozen=True)
 class CifarConfig(table.ShardConfig):
-  """CIFAR-10 or CIFAR-100 (`dataset`, set by each recipe's `Recipe.defaults` with its
-  settings; not a key)."""
+  """CIFAR-10 or CIFAR-100 (each recipe's `Recipe.defaults` sets its dataset and settings),
+  or any registered dataset (`--set dataset=NAME`)."""
   algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
-  dataset: str = "cifar10"
+  dataset: str = neural.dataset("cifar10")
 
   def check(self):
-    super().check()
-    if self.source == "files":
-      tfds_data.require(self.dataset)
+    table.check_dataset(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +81,12 @@ class Sent140Config(table.Fields):
       leaf.require("sent140", None)
 
 
-def cifar_run(config: CifarConfig, seeds, batch, grid=None) -> list[dict]:
-  arrays = tfds_data.load(config.dataset, mock_examples=config.mock_examples
-                          if config.source == "mock" else None)
-  model = models.make_model(f"{config.dataset}-cnn", precision=config.precision)
-  return table.shard_run(config, seeds, batch, arrays, model, grid)
+TITLES = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}  # other datasets: their names
+
+
+def cifar_named(config: CifarConfig) -> tuple[str, str]:
+  """(dataset, title) of config's dataset: e.g. ("cifar10", "CIFAR-10")."""
+  return config.dataset, TITLES.get(config.dataset, config.dataset)
 
 
 def _leaf_directory(dataset: str, config, users: int, tmp: str) -> str | None:
@@ -98,8 +99,9 @@ def _leaf_directory(dataset: str, config, users: int, tmp: str) -> str | None:
 def femnist_run(config: FemnistConfig, seeds, batch, grid=None) -> list[dict]:
   with tempfile.TemporaryDirectory() as tmp:
     directory = _leaf_directory("femnist", config, 3 * max(config.num_clients), tmp)
-    arrays = leaf.femnist_letters(max(config.num_clients) * config.samples_per_client,
-                                  config.seed, directory)
+    arrays = datasets.subsample(leaf.femnist_pooled(leaf.FEMNIST_LETTERS, directory),
+                                max(config.num_clients) * config.samples_per_client,
+                                config.seed)
   return table.shard_run(config, seeds, batch, arrays,
                           models.make_model("mlp", len(leaf.FEMNIST_LETTERS),
                                             precision=config.precision), grid)
@@ -119,53 +121,60 @@ def sent140_run(config: Sent140Config, seeds, batch, grid=None) -> list[dict]:
         glove_path=glove_path if use_glove else None, directory=directory)
   model = models.make_model("sent140-lstm", 2, vocab_size=vocab_size, embeddings=embeddings,
                              precision=config.precision)
-  return table.run(config, seeds, batch, sent140_settings(config),
-                    lambda setting, seed: data, model, grid)
+  return table.run(config, seeds, batch, sent140_settings(config), lambda run: data, model,
+                   grid)
 
 
 def sent140_settings(config: Sent140Config) -> list[dict]:
   return [{"num_clients": config.num_clients}]
 
 
-def _register(dataset: str, title: str, config, run, settings, quick: dict, summary: str,
-              defaults: dict):
+def _register(name: str, named, config, run, settings, quick: dict, summary: str,
+              defaults: dict, mock_data):
+  """Registers recipe fedrep-table1-`name`; named(config) -> (its dataset, its title);
+  mock_data(config, title) -> `Recipe.mock_data`'s text."""
   def summarize(rows, config):
-    return table.table(rows, config, dataset, settings(config), paper.PAPER)
+    return table.table(rows, config, named(config)[0], settings(config), paper.PAPER)
 
   def plot(rows, config, file):
+    dataset, title = named(config)
     table.plot(rows, config, file, dataset, settings(config),
-               f"{title}{' (MOCK DATA)' if config.source == 'mock' else ''}: "
+               f"{title}{' (MOCK DATA)' if mock_data(config, title) else ''}: "
                f"r={config.participation}, {config.rounds} rounds", paper.PAPER,
                "FedRep Table 1")
 
-  register(Recipe(name=f"fedrep-table1-{dataset}", summary=summary, config=config,
+  register(Recipe(name=f"fedrep-table1-{name}", summary=summary, config=config,
                   defaults=defaults,
                   quick={"source": "mock", "algorithms": QUICK_ALGORITHMS, **quick},
                   run=run, plot=plot, default_seeds=1, summarize=summarize,
                   summary_file="table1.csv",
-                  mock_data=lambda config: table.mock_data(config, title), rank=140,
+                  mock_data=lambda config: mock_data(config, named(config)[1]), rank=140,
                   traced=neural.traced_keys, summary_only=summaries.COST,
                   docs="docs/papers/fedrep.md#table-1-neural-networks-on-real-data"))
 
 
 _QUICK_SHARDS = {"rounds": 3, "eval_every": 1, "client_group": 1}
-_register("cifar10", "CIFAR-10", CifarConfig, cifar_run, table.shard_settings,
+_register("cifar10", cifar_named, CifarConfig, table.dataset_run, table.shard_settings,
           {**_QUICK_SHARDS, "num_clients": (10, 10), "classes_per_client": (2, 5)},
           "FedRep Table 1, CIFAR-10 (n, S) = (100, 2), (100, 5), (1000, 2): all algorithms "
           "(tfds files)",
           {"dataset": "cifar10", "num_clients": (100, 100, 1000),
-           "classes_per_client": (2, 5, 2)})
-_register("cifar100", "CIFAR-100", CifarConfig, cifar_run, table.shard_settings,
+           "classes_per_client": (2, 5, 2)}, table.dataset_mock_data)
+_register("cifar100", cifar_named, CifarConfig, table.dataset_run, table.shard_settings,
           {**_QUICK_SHARDS, "num_clients": (10, 10), "classes_per_client": (5, 20),
            "mock_examples": 1000, "rounds": 2},
           "FedRep Table 1, CIFAR-100 (n, S) = (100, 5), (100, 20): all algorithms (tfds files)",
-          {"dataset": "cifar100", "num_clients": (100, 100), "classes_per_client": (5, 20)})
-_register("femnist", "FEMNIST (10 letters)", FemnistConfig, femnist_run, table.shard_settings,
+          {"dataset": "cifar100", "num_clients": (100, 100), "classes_per_client": (5, 20)},
+          table.dataset_mock_data)
+_register("femnist", lambda config: ("femnist", "FEMNIST (10 letters)"), FemnistConfig,
+          femnist_run, table.shard_settings,
           {**_QUICK_SHARDS, "num_clients": (10,), "samples_per_client": 20,
            "mock_examples": 100},
           "FedRep Table 1, FEMNIST: 10 letters, n = 150, S = 3, log-normal sizes (LEAF files)",
-          {})
-_register("sent140", "Sent140", Sent140Config, sent140_run, sent140_settings,
+          {}, table.mock_data)
+_register("sent140", lambda config: ("sent140", "Sent140"), Sent140Config, sent140_run,
+          sent140_settings,
           {"rounds": 3, "eval_every": 1, "client_group": 1, "num_clients": 10,
            "vocab_size": 50},
-          "FedRep Table 1, Sent140: its users as clients (n = 183), an LSTM (LEAF files)", {})
+          "FedRep Table 1, Sent140: its users as clients (n = 183), an LSTM (LEAF files)", {},
+          table.mock_data)

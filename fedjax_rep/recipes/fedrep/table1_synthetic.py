@@ -57,8 +57,8 @@ def settings(config: Config) -> list[dict]:
 
 
 def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
-  def dataset(setting, seed):
-    return synthetic.federated(setting["alpha"], setting["beta"], config.num_clients, seed,
+  def dataset(run):
+    return synthetic.federated(run["alpha"], run["beta"], config.num_clients, run["seed"],
                                max_samples=config.max_samples,
                                test_fraction=config.test_fraction)
 

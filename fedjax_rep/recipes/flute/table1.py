@@ -10,14 +10,13 @@ the tfds files (`dataset=cifar10|cifar100`); FedRep's CNNs and schedule (r = 0.1
 on CIFAR-10: FedRep 1 head + 1 body epoch, FedRep* 10 + 1, FLUTE 1 joint epoch, FLUTE*
 1 joint + 10 head; the others `local_epochs`; FedAvg-FT fine-tunes the head and FedBABU
 the whole model for `head_epochs` before testing. `--quick`: scikit-learn's digits, 20
-clients with 2 and 5 classes each (FedBABU only with `--set algorithms=...`). table1.csv
-has FLUTE's Table 1 number beside the measured one where the paper has it.
+clients with 2 and 5 classes each (FedBABU only with `--set algorithms=...`); `dataset`
+takes any registered dataset (`data.datasets`: a --plugin file's too), with its model.
+table1.csv has FLUTE's Table 1 number beside the measured one where the paper has it.
 """
 
 import dataclasses
 
-from fedjax_rep.data import digits, tfds_data
-from fedjax_rep.nn import models
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.kit import neural
 from fedjax_rep.recipes.kit import summaries
@@ -52,8 +51,9 @@ SETTINGS = {"cifar10": ((50, 50, 100, 100), (2, 5, 2, 5)),
 
 @dataclasses.dataclass(frozen=True)
 class Config(table.ShardConfig):
-  dataset: str = cfg.choice("the data: tfds files of CIFAR-10/100, or scikit-learn's digits "
-                            "(offline)", "cifar10", ("cifar10", "cifar100", "digits"))
+  dataset: str = neural.dataset("cifar10", "the data: tfds files of CIFAR-10/100, "
+                                "scikit-learn's digits (offline), or any registered dataset "
+                                "(fedjax-rep list)")
   num_clients: tuple = cfg.positive_int(
       "number of clients M of each setting (default: the paper's CIFAR-10 settings; "
       "CIFAR-100's are 100,100,100,100 with classes_per_client=5,10,20,40)",
@@ -66,25 +66,11 @@ class Config(table.ShardConfig):
                                       "10); also FedAvg-FT's fine-tuning epochs", 1)
 
   def check(self):
-    table.check_paired(self, "num_clients", "classes_per_client")
-    if self.dataset != "digits" and self.source == "files":
-      tfds_data.require(self.dataset)
+    table.check_dataset(self)
 
 
 def settings(config: Config) -> list[dict]:
   return table.shard_settings(config)
-
-
-def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
-  if config.dataset == "digits":
-    x, y, x_test, y_test = digits.load(config.seed)
-    model = models.make_model("digits-mlp", digits.NUM_CLASSES, precision=config.precision)
-  else:
-    x, y, x_test, y_test = tfds_data.load(
-        config.dataset, mock_examples=config.mock_examples if config.source == "mock" else None)
-    model = models.make_model(f"{config.dataset}-cnn", precision=config.precision)
-  return table.shard_run(config, seeds, batch, (x, y, x_test, y_test), model,
-                          grid)
 
 
 def summarize(rows, config: Config):
@@ -92,9 +78,10 @@ def summarize(rows, config: Config):
 
 
 def mock_data(config: Config) -> str | None:
-  """What config trains on instead of its CIFAR dataset with source=mock (`Recipe.mock_data`);
-  None on the files or on digits (real data, whatever the source)."""
-  return None if config.dataset == "digits" else table.mock_data(config, config.dataset)
+  """What config trains on instead of its dataset with source=mock (`Recipe.mock_data`); None
+  on the files or on a dataset without a mock, e.g. digits (real data, whatever the
+  source)."""
+  return table.dataset_mock_data(config, config.dataset)
 
 
 def plot(rows, config: Config, file) -> None:
@@ -113,5 +100,6 @@ RECIPE = register(Recipe(
     quick={"dataset": "digits", "num_clients": (20, 20), "classes_per_client": (2, 5),
            "rounds": 40, "eval_every": 2, "lr": 0.05, "client_group": 1,
            "algorithms": QUICK_ALGORITHMS},
-    run=run, plot=plot, default_seeds=1, summarize=summarize, summary_file="table1.csv",
+    run=table.dataset_run, plot=plot, default_seeds=1, summarize=summarize,
+    summary_file="table1.csv",
     mock_data=mock_data, traced=neural.traced_keys, summary_only=summaries.COST))

@@ -1,6 +1,8 @@
 """What the neural recipes share: configuration fields (`Training`), the words of their
-titles, and their programs: the algorithms with config's structure and conventions, trained
-by the batch runner (rows and summaries: `summaries`)."""
+titles, their data (every run's datasets with config's validation split, `stacked_datasets`;
+the registered datasets and their models, `data.datasets`) and their programs: the
+algorithms with config's structure and conventions, trained by the batch runner (rows and
+summaries: `summaries`)."""
 
 import dataclasses
 
@@ -8,6 +10,8 @@ import jax
 import numpy as np
 
 from fedjax_rep.core.cohort import cohort_size
+from fedjax_rep.data import datasets as datasets_lib
+from fedjax_rep.data import federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.data import validation
 from fedjax_rep.nn import contract as nn_contract
@@ -25,6 +29,12 @@ from fedjax_rep.recipes.kit import summaries
 
 TRACED = ("lr", "momentum", "weight_decay")  # the fields a grid sweeps in one program
 ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local")
+
+
+def dataset(default, help="the data: any registered dataset (fedjax-rep list; yours with "
+            "fr.register_dataset), those with files once prepared (fedjax-rep data)"):
+  """The `dataset` field: a dataset registered in `data.datasets` (a --plugin file's too)."""
+  return cfg.choice(help, default, datasets_lib.names)
 
 
 def partition(default="classes"):
@@ -78,9 +88,10 @@ def eval_clients(default="all"):
 def summary_statistic(default="last10"):
   return cfg.choice(f"the statistic of each run's test accuracies that summary.csv, table1.csv "
                     f"and the figure report, then averaged over seeds: the mean of the last "
-                    f"{summaries.LAST_EVALUATIONS} evaluations (the papers'; all where fewer), the last "
-                    f"evaluation, or the best (with a validation split: the test accuracy "
-                    f"at the round of the best validation accuracy)", default, summaries.STATISTICS)
+                    f"{summaries.LAST_EVALUATIONS} evaluations (the papers'; all where fewer), "
+                    f"the last evaluation, or the best (with a validation split: the test "
+                    f"accuracy at the round of the best validation accuracy)", default,
+                    summaries.STATISTICS)
 
 
 def validation_fraction(default=0.0):
@@ -231,10 +242,37 @@ def hparams(config) -> hparams_lib.NNHparams:
                              **dict(config.options))
 
 
-def validated(data, config, seed: int):
-  """`data` (one seed's) with config's per-client validation split (`data.validation.split`
-  of config.validation_fraction, drawn from `seed`); as it is where the fraction is 0."""
-  return validation.split(data, config.validation_fraction, seed)
+def stacked_datasets(config, runs: list[dict], dataset):
+  """The clients of every run, as every neural recipe builds them: dataset(run) (one run's
+  ClientDatasets or FlatClients) for each run of `runs` (dicts of its metrics.csv columns,
+  'seed' among them), each with config's per-client validation split (`data.validation.split`
+  of config.validation_fraction, drawn from run['seed']; none where the fraction is 0) and
+  laid out for config's devices (`placement.laid_out`), stacked along a leading run axis
+  (`federated.stack`: x [runs, n, ...])."""
+  return federated.stack([placement.laid_out(validation.split(
+      dataset(run), config.validation_fraction, run["seed"]), config) for run in runs])
+
+
+def check_dataset(name: str, files: bool = True) -> None:
+  """Before any work: DataMissing (naming the command that prepares them) where registered
+  dataset `name` reads files that are missing (files=False: only where it has no mock to
+  stand in for them), ConfigError where it names a model that `nn.models` lacks."""
+  entry = datasets_lib.lookup(name)
+  if files or entry.mock is None:
+    datasets_lib.require(name)
+  if entry.model is not None and entry.model not in models.MODELS:
+    raise cfg.ConfigError(f"dataset {name} names model {entry.model!r}, which is none of "
+                          f"{', '.join(models.MODELS)}: register it with one of them, or "
+                          f"model=None (chosen by its input shape)")
+
+
+def dataset_model(name: str, input_shape, precision: str, model: str | None = None):
+  """The Classifier for registered dataset `name` with inputs of shape input_shape (one
+  example): `model` (None: the dataset's own, else the one its input shape picks,
+  `models.model_for`) with the dataset's num_classes outputs, at `precision`."""
+  entry = datasets_lib.lookup(name)
+  chosen = model or entry.model or models.model_for(input_shape)
+  return models.make_model(chosen, entry.num_classes, precision=precision)
 
 
 def algorithm(name, config, model, num_clients):

@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 
+from fedjax_rep.data import datasets
 from fedjax_rep.data import federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import conventions as conventions_lib
@@ -19,7 +20,6 @@ from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
 from fedjax_rep.recipes.kit import neural
 from fedjax_rep.recipes.kit import summaries
-from fedjax_rep.experiments import placement
 from fedjax_rep.experiments import plotting
 
 
@@ -73,6 +73,19 @@ def mock_data(config, dataset: str) -> str | None:
   return f"random examples in the format of {dataset}" if config.source == "mock" else None
 
 
+def dataset_mock_data(config, title: str) -> str | None:
+  """`mock_data` of a configuration whose `dataset` field names a registered dataset (called
+  `title`): None where the dataset has no mock (its real arrays, whatever the source)."""
+  return mock_data(config, title) if datasets.lookup(config.dataset).mock else None
+
+
+def check_dataset(config) -> None:
+  """The check of a configuration with `dataset` and `source` fields: its dataset's files
+  there, where it reads them (`neural.check_dataset`), and its settings paired."""
+  check_paired(config, "num_clients", "classes_per_client")
+  neural.check_dataset(config.dataset, files=config.source == "files")
+
+
 def check_paired(config, *names: str) -> None:
   """ConfigError unless the sequence fields `names` have the same length."""
   lengths = {n: len(vars(config)[n]) for n in names}
@@ -86,23 +99,23 @@ def run(config, seeds: int, batch, settings: list[dict], dataset, model,
   """metrics.csv rows of every algorithm of config.algorithms in every setting, and in
   every combination of `grid` (traced keys: `neural.trained`).
 
-  dataset(setting, seed) -> ClientDatasets or FlatClients (with config's validation split,
-  `neural.validated`, then laid out for config's devices: `placement.laid_out`); model:
-  the Classifier. Settings with equal num_clients run, with every seed and combination, as
-  one program per algorithm (cached unit '<algorithm>-n<num_clients>')."""
+  dataset(run) -> one run's ClientDatasets or FlatClients, run: a setting's values and its
+  'seed' (`neural.stacked_datasets` adds config's validation split and lays them out for
+  config's devices); model: the Classifier. Settings with equal num_clients run, with every
+  seed and combination, as one program per algorithm (cached unit
+  '<algorithm>-n<num_clients>')."""
   seed_values = config.seed_values(seeds)
   groups = {}
   for setting in settings:
     groups.setdefault(setting["num_clients"], []).append(setting)
   rows = []
   for num_clients, group in groups.items():
-    data = federated.stack([placement.laid_out(neural.validated(dataset(s, seed), config, seed),
-                                               config) for s in group for seed in seed_values])
+    runs = [{**s, "seed": seed} for s in group for seed in seed_values]
+    data = neural.stacked_datasets(config, runs, dataset)
     group_keys = neural.run_keys(seed_values, len(group))  # run i*seeds + j: setting i
     for name in config.algorithms:
       results = neural.trained(batch, f"{name}-n{num_clients}", name, config, model, data,
-                               group_keys, num_clients, grid,
-                               runs=[{**s, "seed": seed} for s in group for seed in seed_values])
+                               group_keys, num_clients, grid, runs=runs)
       for combination, result in zip(grid or [{}], results):
         for i, setting in enumerate(group):
           part = neural.runs(result, i * seeds, (i + 1) * seeds)
@@ -135,17 +148,27 @@ def shard_settings(config: ShardConfig) -> list[dict]:
 def shard_run(config: ShardConfig, seeds, batch, arrays, model,
               grid=None) -> list[dict]:
   """Rows of every algorithm on the pooled arrays (x, y, x_test, y_test) partitioned by
-  `partition.classes` in every setting."""
+  `partition.classes` in every setting, with the model's classes (model.num_classes)."""
   x, y, x_test, y_test = arrays
-  num_classes = int(y.max()) + 1
 
-  def dataset(setting, seed):
+  def dataset(run):
     parts, test_parts = partition_lib.partition(
-        "classes", y, y_test, num_clients=setting["num_clients"], seed=seed,
-        classes_per_client=setting["classes_per_client"], size_sigma=config.size_sigma)
-    return federated.client_datasets(x, y, parts, x_test, y_test, test_parts, num_classes)
+        "classes", y, y_test, num_clients=run["num_clients"], seed=run["seed"],
+        classes_per_client=run["classes_per_client"], size_sigma=config.size_sigma)
+    return federated.client_datasets(x, y, parts, x_test, y_test, test_parts,
+                                     model.num_classes)
 
   return run(config, seeds, batch, shard_settings(config), dataset, model, grid)
+
+
+def dataset_run(config: ShardConfig, seeds, batch, grid=None) -> list[dict]:
+  """`shard_run` on registered dataset config.dataset (`data.datasets`): its arrays of
+  config.seed (with source=mock its mock of config.mock_examples, where it has one), with
+  its model (`neural.dataset_model`)."""
+  arrays = datasets.arrays(config.dataset, config.seed,
+                           config.mock_examples if config.source == "mock" else None)
+  model = neural.dataset_model(config.dataset, arrays[0].shape[1:], config.precision)
+  return shard_run(config, seeds, batch, arrays, model, grid)
 
 
 def table(rows, config, dataset: str, settings: list[dict], paper: dict) -> list[dict]:

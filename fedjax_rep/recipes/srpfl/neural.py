@@ -11,8 +11,8 @@ kept clients' largest, plus C, which changes no training, so each run is simulat
 its clock for C is wall_clock + C t. Accuracy: the mean over the M clients of each client's
 test accuracy with its own parameters (+FT: the global model, its head fine-tuned for
 head_epochs). time_to_target: the first evaluation at or above target_fraction x FedRep's
-final accuracy (FedRep always runs). Datasets: digits (the default, offline), CIFAR-10/100,
-EMNIST and FEMNIST with their files; the fields that default to 0 take the dataset's values.
+final accuracy (FedRep always runs). Data: any registered dataset (`data.datasets`: digits,
+the default, CIFAR-10/100, EMNIST, FEMNIST, yours); fields at 0 take its SETTINGS.
 """
 
 import dataclasses
@@ -20,11 +20,10 @@ import dataclasses
 import numpy as np
 
 from fedjax_rep.core.cohort import cohort_size
-from fedjax_rep.data import digits, federated, leaf, tfds_data
+from fedjax_rep.data import datasets, federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.hetero import timed
 from fedjax_rep.nn import hparams as hparams_lib
-from fedjax_rep.nn import models
 from fedjax_rep.nn import registry as nn_registry
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
@@ -43,20 +42,19 @@ COLORS = {"fedrep": "tab:blue", "lg-fedavg": "tab:green", "fedavg-ft": "tab:red"
           "fedavg": "tab:orange"}  # by timed algorithm; doubling solid, all N dashed
 QUICK_ALGORITHMS = ("srpfl", "fedrep", "lg-srpfl", "lg-fedavg", "flanp-ft", "fedavg-ft")
 
-# dataset -> its model, number of classes and the values of the fields left at 0
-DATASETS = {
-    "digits": dict(model="digits-mlp", classes=10, num_clients=50, classes_per_client=5,
-                   lr=0.05, local_epochs=1),
-    "cifar10": dict(model="cifar10-cnn", classes=10, num_clients=100, classes_per_client=5,
-                    lr=0.01, local_epochs=1),
-    "cifar100": dict(model="cifar100-cnn", classes=100, num_clients=100,
-                     classes_per_client=20, lr=0.01, local_epochs=5),
-    "emnist": dict(model="mlp", classes=10, num_clients=100, classes_per_client=5, lr=0.01,
-                   local_epochs=5),
-    "femnist": dict(model="mlp", classes=10, num_clients=100, classes_per_client=3,
-                    lr=0.01, local_epochs=5),
-}
 FEMNIST_SAMPLES = 150  # training samples per client (the paper: 15,000 over 100 clients)
+# dataset -> the values of the fields left at 0 (the paper's; ours on digits), and the
+# training samples per client the pool is cut to (samples_per_client; 0: all of them); any
+# other dataset takes OTHER's.
+SETTINGS = {
+    "digits": dict(num_clients=50, classes_per_client=5, lr=0.05, local_epochs=1),
+    "cifar10": dict(num_clients=100, classes_per_client=5, lr=0.01, local_epochs=1),
+    "cifar100": dict(num_clients=100, classes_per_client=20, lr=0.01, local_epochs=5),
+    "emnist": dict(num_clients=100, classes_per_client=5, lr=0.01, local_epochs=5),
+    "femnist": dict(num_clients=100, classes_per_client=3, lr=0.01, local_epochs=5,
+                    samples_per_client=FEMNIST_SAMPLES),
+}
+OTHER = dict(num_clients=100, classes_per_client=2, lr=0.01, local_epochs=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,17 +65,19 @@ class Config(sc.Panels, neural.Training):
       "fractions of the M clients sampled each round (N = participation x M), one row of "
       "panels each")
   local_epochs: int = cfg.positive_int("local epochs per round (FedRep: of the body; 0: the "
-                                       "dataset's, 1 on digits and CIFAR-10, else 5)", 0, low=0)
+                                       "dataset's, 1 on digits and CIFAR-10, 5 on the "
+                                       "paper's others, else 1)", 0, low=0)
   lr: float = cfg.nonnegative_float("step size of local SGD (0: the dataset's, 0.05 on "
                                     "digits, else the paper's 0.01)", 0.0)
   eval_every: int = neural.eval_every(2)
-  dataset: str = cfg.choice("the data (all but digits need their files: fedjax-rep data)",
-                            "digits", tuple(DATASETS))
+  dataset: str = neural.dataset("digits", "the data: digits (offline), CIFAR-10/100, EMNIST, "
+                                "FEMNIST (their files: fedjax-rep data), or any registered "
+                                "dataset (fedjax-rep list)")
   num_clients: int = cfg.positive_int("number of clients M (0: the dataset's, 50 on digits, "
                                       "else the paper's 100)", 0, low=0)
   classes_per_client: int = cfg.positive_int(
       "classes per client S (0: the dataset's, the paper's 5 on CIFAR-10 and EMNIST, 20 on "
-      "CIFAR-100, 3 on FEMNIST; 5 on digits)", 0, low=0)
+      "CIFAR-100, 3 on FEMNIST; 5 on digits, else 2)", 0, low=0)
   algorithms: tuple = cfg.choice("algorithms to compare (FedRep always runs: it sets the "
                                  "target)", tuple(ALGORITHMS), tuple(ALGORITHMS), sequence=True)
   n0_fraction: float = cfg.fraction("SRPFL's (and FLANP's) first participants n0 = max(1, "
@@ -90,43 +90,41 @@ class Config(sc.Panels, neural.Training):
   def check(self):
     """S must fit the dataset's classes and the dataset's files must be there (before any
     work: DataMissing names the command that prepares them)."""
-    classes = DATASETS[self.dataset]["classes"]
+    classes = setting(self)["classes"]
     if setting(self)["classes_per_client"] > classes:
       raise cfg.ConfigError(f"classes_per_client={self.classes_per_client} is out of range: "
                             f"{self.dataset} has {classes} classes")
-    if self.dataset == "femnist":
-      leaf.require("femnist", None)
-    elif self.dataset in tfds_data.DATASETS:
-      tfds_data.require(self.dataset)
+    neural.check_dataset(self.dataset)
 
 
 def setting(config: Config) -> dict:
-  """The dataset's model, classes, M, S, lr and local epochs, with the config's non-zero
-  fields over them."""
+  """The dataset's classes (`data.datasets`), M, S, lr, local epochs and samples per client
+  (SETTINGS, else OTHER), with the config's non-zero fields over them."""
   fields = vars(config)
-  return {k: fields.get(k, 0) or v for k, v in DATASETS[config.dataset].items()}
+  values = {"samples_per_client": 0, **SETTINGS.get(config.dataset, OTHER)}
+  return {"classes": datasets.lookup(config.dataset).num_classes,
+          **{k: fields.get(k, 0) or v for k, v in values.items()}}
 
 
 def data(config: Config, seed_values) -> federated.ClientDatasets:
-  """Every seed's M clients (S classes each, near-equal sizes; the seed draws the
-  partition), stacked along a leading seed axis."""
+  """Every seed's M clients (S classes each, near-equal sizes; the seed draws the partition,
+  and the split of a seeded dataset), stacked along a leading seed axis
+  (`neural.stacked_datasets`); the pool is first cut to M x samples_per_client training
+  samples where the setting has them (drawn from config.seed: `datasets.subsample`)."""
   s = setting(config)
-  if config.dataset == "digits":
-    return federated.stack([neural.validated(digits.federated(
-        s["num_clients"], "classes", s["classes_per_client"], seed=seed), config, seed)
-                            for seed in seed_values])
-  if config.dataset == "femnist":
-    x, y, x_test, y_test = leaf.femnist_letters(s["num_clients"] * FEMNIST_SAMPLES, config.seed)
-  else:
-    x, y, x_test, y_test = tfds_data.load(config.dataset, classes=s["classes"])
-  datasets = []
-  for seed in seed_values:
+  pooled = datasets.by_seed(config.dataset, config.seed)
+
+  def dataset(run):
+    x, y, x_test, y_test = pooled(run["seed"])
+    if s["samples_per_client"]:
+      x, y, x_test, y_test = datasets.subsample(
+          (x, y, x_test, y_test), s["num_clients"] * s["samples_per_client"], config.seed)
     parts, test_parts = partition_lib.partition(
-        "classes", y, y_test, num_clients=s["num_clients"], seed=seed,
+        "classes", y, y_test, num_clients=s["num_clients"], seed=run["seed"],
         classes_per_client=s["classes_per_client"])
-    datasets.append(neural.validated(federated.client_datasets(
-        x, y, parts, x_test, y_test, test_parts, s["classes"]), config, seed))
-  return federated.stack(datasets)
+    return federated.client_datasets(x, y, parts, x_test, y_test, test_parts, s["classes"])
+
+  return neural.stacked_datasets(config, [{"seed": seed} for seed in seed_values], dataset)
 
 
 def algorithm_names(config: Config) -> tuple:
@@ -145,7 +143,7 @@ def first_reached(result: dict, targets: np.ndarray):
   return np.where(reached, rounds, np.nan), np.where(reached, times, np.nan)
 
 
-def run_setting(config: Config, datasets, seed_values, batch, *, speed: str,
+def run_setting(config: Config, clients, seed_values, batch, *, speed: str,
                 participation: float, grid=None) -> list[dict]:
   """Rows of every algorithm with one speed model and participation, for every C and every
   combination of `grid` (traced keys: lr, momentum, weight_decay; None: config's values):
@@ -157,7 +155,8 @@ def run_setting(config: Config, datasets, seed_values, batch, *, speed: str,
   n0 = max(1, round(config.n0_fraction * cohort))
   schedules = {True: timed.srpfl_participants(cohort, n0, config.rounds, config.stage_rounds),
                False: timed.fixed_participants(cohort, cohort, config.rounds)}
-  model = models.make_model(s["model"], s["classes"], precision=config.precision)
+  model = neural.dataset_model(config.dataset, clients.input_spec(runs=1).shape,
+                               config.precision)
   combos = grid or [{}]
   inner_hparams = [hparams_lib.hparams(setting(c)["lr"], c.momentum, c.weight_decay)
                    for c in (cfg.apply(config, combo) for combo in combos)]
@@ -176,12 +175,12 @@ def run_setting(config: Config, datasets, seed_values, batch, *, speed: str,
     group = [(c, name) for c in range(len(combos)) for name in names
              if ALGORITHMS[name][0] == inner]
     programs = [neural.shared_program(config, inners[inner], each, list(inners.values()),
-                                      datasets) for each in inner_hparams]
+                                      clients) for each in inner_hparams]
     algorithm = timed.EvaluatedTimed(programs[0][0], sc.speed_model(speed, num_clients),
                                      cohort=cohort, name=f"timed-{programs[0][0].name}")
     unit_name = f"{inner}-{speed}-r{participation:g}"
     trained = batch.train(
-        unit_name, algorithm, datasets,
+        unit_name, algorithm, clients,
         [timed.hparams(programs[c][1], schedules[ALGORITHMS[name][1]]) for c, name in group],
         keys, config.rounds, eval_every=config.eval_every)
     results.update(zip(group, trained))
@@ -207,11 +206,11 @@ def run_setting(config: Config, datasets, seed_values, batch, *, speed: str,
 
 def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   seed_values = config.seed_values(seeds)
-  datasets = data(config, seed_values)
+  clients = data(config, seed_values)
   rows = []
   for speed in config.speed_models:
     for participation in config.participation:
-      rows += run_setting(config, datasets, seed_values, batch, speed=speed,
+      rows += run_setting(config, clients, seed_values, batch, speed=speed,
                           participation=participation, grid=grid)
   return rows
 
@@ -275,7 +274,8 @@ def plot(rows, config: Config, file) -> None:
       ax.set(xscale="log", xlabel="simulated wall-clock time", ylabel="test accuracy")
       ax.grid(alpha=0.3)
   s = setting(config)
-  fig.suptitle(f"SRPFL (neural): {config.dataset}, {s['model']}, M={s['num_clients']}, "
+  model = datasets.lookup(config.dataset).model or "its model by input shape"
+  fig.suptitle(f"SRPFL (neural): {config.dataset}, {model}, M={s['num_clients']}, "
                f"S={s['classes_per_client']}; SRPFL/FLANP double from n0 = "
                f"{config.n0_fraction:g} N every {config.stage_rounds} rounds; target = "
                f"{config.target_fraction:g} x FedRep's final accuracy")

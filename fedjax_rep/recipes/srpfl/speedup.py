@@ -62,7 +62,8 @@ def speedup_table(rows, c_hat: float) -> list[dict]:
       runs = [r for r in plotting.select(rows, num_clients=n, algorithm=name) if r["round"] == 1]
       for key in ("time_to_target", "rounds_to_target", "expected_time_to_target"):
         entry[f"{name}_{key}"] = float(np.nanmean([r[key] for r in runs]))
-      entry[f"{name}_reached"] = f"{sum(np.isfinite(r['time_to_target']) for r in runs)}/{len(runs)}"
+      reached = sum(np.isfinite(r["time_to_target"]) for r in runs)
+      entry[f"{name}_reached"] = f"{reached}/{len(runs)}"
     entry["ratio"] = entry["srpfl_time_to_target"] / entry["fedrep_time_to_target"]
     entry["expected_ratio"] = (entry["srpfl_expected_time_to_target"]
                                / entry["fedrep_expected_time_to_target"])
