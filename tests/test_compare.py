@@ -296,6 +296,7 @@ def test_the_command_imports_no_jax(tmp_path):
   assert done.stdout.splitlines()[-1].startswith(f"wrote {tmp_path / 'f.png'}")
 
 
+@pytest.mark.slow  # the fast tier keeps the comparisons of written run directories
 def test_two_real_quick_runs_differ_in_lr_only(tmp_path, capsys):
   common = ["--quick", "--no-progress", "--seeds", "2", "--set", "rounds=10", "--set",
             "algorithms=fedrep,fedavg"]

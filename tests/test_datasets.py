@@ -49,6 +49,7 @@ def registry_restored():
   plugins.LOADED.clear()
 
 
+@pytest.mark.slow  # the fast tier keeps the registry's checks and entries
 def test_a_plugin_dataset_runs_in_fedrep_table1_cifar10(tmp_path, capsys):
   plugin = tmp_path / "blobs.py"
   plugin.write_text(PLUGIN)

@@ -75,6 +75,7 @@ def one_error_line(capsys) -> str:
   return lines[0]
 
 
+@pytest.mark.slow  # the fast tier keeps a grid over a plugin's option in one program
 def test_a_plugin_algorithm_runs_in_a_recipe_with_its_option(plugin, tmp_path, capsys,
                                                               monkeypatch):
   labels = []

@@ -233,6 +233,7 @@ def test_unknown_precision_is_a_value_error():
     models.make_model("digits-mlp", precision="fp16")
 
 
+@pytest.mark.slow  # the fast tier keeps bf16 logits and gradients against float32
 def test_fedrep_round_with_bf16_keeps_float32_state():
   """One FedRep round and an evaluation with a bf16 model: training runs bfloat16 matmuls,
   the state (shared and personal params) and the SGD momentum stay float32, and the

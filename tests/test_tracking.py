@@ -148,6 +148,7 @@ def test_mlflow_holds_every_metric_of_every_run_and_the_params(logged_grid):
   assert "summary/test_accuracy" in runs["fedavg/lr=0.03/seed0"].data.metrics
 
 
+@pytest.mark.slow  # the fast tier keeps the loop's callbacks
 def test_a_small_run_logs_as_it_computes_and_its_logs_equal_metrics_csv(tmp_path, monkeypatch):
   """The rounds reach the event files while the run computes (each chunk, before the rows
   are logged), and the logs equal metrics.csv."""
@@ -201,6 +202,7 @@ def test_resume_after_a_sigkill_logs_each_round_once(tmp_path):
     assert sorted(steps) == list(range(1, 401)), run.info.run_name
 
 
+@pytest.mark.slow  # the fast tier keeps the loop's callbacks and the refusals
 def test_run_recipe_logs_into_log_dir_and_refuses_one_with_logs(tmp_path):
   log_dir = str(tmp_path / "logs")
   rows, _ = fr.run_recipe("digits-personalized", quick=True, seeds=1, progress=False,

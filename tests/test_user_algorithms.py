@@ -104,6 +104,7 @@ def test_the_mean_head_is_the_cohorts_weighted_mean_and_mixing_none_is_fedrep(ex
   assert not np.allclose(mixed.metrics["train_loss"][1:], fedrep.metrics["train_loss"][1:])
 
 
+@pytest.mark.slow  # the fast tier keeps the mean head against FedRep and its weighted mean
 def test_the_mean_head_runs_beside_fedrep_in_fedrep_table1(examples, tmp_path):
   """docs/api.md's command: the plugin in fedrep-table1-cifar10 --quick, its option set."""
   out = tmp_path / "out"

@@ -153,7 +153,7 @@ class Batch:
     if starts is not None:  # on the host: no eager device op, so nothing compiles
       states = [loop.init_state(start, data, each, keys, sweep_axes=(0, None, 0))
                 for start, each in zip(starts, settings)]
-      state = states[0] if width == 1 else jax.tree.map(
+      state = jax.device_get(states[0]) if width == 1 else jax.tree.map(
           lambda *x: np.stack([np.asarray(v) for v in x]), *states)
     callbacks = self.live(members)
     if callbacks and width > 1:
