@@ -206,7 +206,7 @@ def test_recipe_quick(tmp_path):
   with open(f"{out}/summary.csv") as f:
     summary = list(csv.DictReader(f))
   assert [(r["algorithm"], int(r["finetune_samples"])) for r in summary] == [
-      (name, k) for name in fedavg_ft_neural.ALGORITHMS for k in config.finetune_samples]
+      (name, k) for name in fedavg_ft_neural.COMPARED for k in config.finetune_samples]
   for r in summary:
     for column in ("new_client_accuracy", "final_test_accuracy", "similarity_gap_seen",
                    "similarity_gap_unseen"):
@@ -231,7 +231,7 @@ def test_diverged_runs_analysis_is_nan_and_left_out_of_the_summary(tmp_path, cap
   summary.csv counts the runs in `diverged` and averages none (NaN)."""
   out = runner.run_to_dir("fedavg-ft-neural", quick=True, seeds=2, out=str(tmp_path),
                            overrides=["lr=1e6"], progress=False)
-  assert len(capsys.readouterr().err.splitlines()) == 2 * len(fedavg_ft_neural.ALGORITHMS)
+  assert len(capsys.readouterr().err.splitlines()) == 2 * len(fedavg_ft_neural.COMPARED)
   with open(f"{out}/metrics.csv") as f:
     rows = list(csv.DictReader(f))
   analysis = [r for r in rows if r["cosine_similarity"] or r["new_client_accuracy"]
@@ -251,7 +251,7 @@ def test_the_summary_leaves_out_diverged_runs():
   """Seed 1 diverged: the summary averages seed 0's numbers alone and counts seed 1."""
   config = registry.resolve("fedavg-ft-neural", quick=True, overrides=["finetune_samples=1"])
   rows = []
-  for name in fedavg_ft_neural.ALGORITHMS:
+  for name in fedavg_ft_neural.COMPARED:
     for seed, value, diverged in ((0, 0.5, 0), (1, np.nan, 3)):
       base = {"algorithm": name, "seed": seed, "round": 5}
       rows += [{**base, "diverged_round": diverged, "test_accuracy": value},
@@ -259,7 +259,7 @@ def test_the_summary_leaves_out_diverged_runs():
                {**base, "finetune_samples": 1, "new_client_accuracy": value}]
   summary = fedavg_ft_neural.summarize(rows, config)
   assert [(r["algorithm"], r["seeds"], r["diverged"]) for r in summary] == [
-      (name, 1, 1) for name in fedavg_ft_neural.ALGORITHMS]
+      (name, 1, 1) for name in fedavg_ft_neural.COMPARED]
   for r in summary:
     assert r["new_client_accuracy"] == r["final_test_accuracy"] == 0.5
     assert r["similarity_gap_seen"] == r["similarity_gap_unseen"] == 0.5

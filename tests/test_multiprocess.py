@@ -171,9 +171,9 @@ def test_a_job_that_loses_a_process_stops_and_resumes(fig3_one_device, tmp_path)
   command = [sys.executable, "-m", "fedjax_rep", *FIG3, "--set", "devices=all", "--out", "out",
              "--checkpoint-every", "5"]
   with Job(command, 2, 2, str(tmp_path), env=heartbeat) as job:
-    checkpoints = tmp_path / "out" / "parts" / "n800.ckpt"  # fedrep-HASH/ROUND inside
+    parts = tmp_path / "out" / "parts"  # n800-settings0-0.ckpt/fedrep-HASH/ROUND, ... inside
     deadline = time.monotonic() + JOB_TIMEOUT
-    while not any(p.name.isdigit() for p in checkpoints.glob("fedrep-*/*")):
+    while not any(p.name.isdigit() for p in parts.glob("n800*.ckpt/fedrep-*/*")):
       assert time.monotonic() < deadline and job.processes[0].poll() is None, job.log(0)
       time.sleep(0.2)
     job.processes[1].send_signal(signal.SIGKILL)

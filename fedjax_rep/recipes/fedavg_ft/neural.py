@@ -38,7 +38,7 @@ from fedjax_rep.experiments import plotting
 from fedjax_rep.recipes.kit import shared
 from fedjax_rep.experiments.registry import Recipe, register
 
-ALGORITHMS = ("d-sgd", "fedavg-steps")  # the algorithms, in this order
+COMPARED = ("d-sgd", "fedavg-steps")  # the algorithms, in this order
 
 
 def local_steps(name: str, config) -> int:
@@ -168,7 +168,7 @@ def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   combos = grid or [{}]
   settings = [neural.hparams(cfg.apply(config, combo)) for combo in combos]
   rows, finals, trained_metrics = [], [], []
-  for name in ALGORITHMS:
+  for name in COMPARED:
     steps = local_steps(name, config)
     algorithm = nn_registry.make_algorithm(
         name, model=model, cohort=cohort, batch_size=config.batch_size,
@@ -210,7 +210,7 @@ def analysis_rows(analysis: dict, seed_values: list[int], config: Config,
   (finetune_samples, new_client_accuracy and its std over the new clients); each with
   `columns` (a grid's combination)."""
   rows = []
-  for a, name in enumerate(ALGORITHMS):
+  for a, name in enumerate(COMPARED):
     steps = local_steps(name, config)
     for s, seed_value in enumerate(seed_values):
       final_round = config.rounds * config.local_steps // steps
@@ -240,7 +240,7 @@ def summarize(rows, config: Config) -> list[dict]:
   accuracy on the training clients and its similarity gaps (means over those seeds);
   `diverged`: how many seeds were left out because their run diverged (all: NaN)."""
   table = []
-  for name in ALGORITHMS:
+  for name in COMPARED:
     diverged = {r["seed"] for r in rows if r["algorithm"] == name and r.get("diverged_round")}
     kept = [r for r in rows if r["algorithm"] == name and r["seed"] not in diverged]
     final_round = max(r["round"] for r in rows if r["algorithm"] == name)
@@ -297,7 +297,7 @@ def plot(rows, config: Config, file) -> None:
   fig, axes = plotting.figure(3, width=4.4, height=3.9, rows=2)
   (loss, test, transfer), (*matrices, difference) = axes[0], axes[1]
   training = [r for r in rows if "train_loss" in r]
-  for name in ALGORITHMS:
+  for name in COMPARED:
     label = labels.label(name)
     plotting.line(loss, training, "local_updates", "train_loss", label, along="round",
                   algorithm=name)
@@ -314,7 +314,7 @@ def plot(rows, config: Config, file) -> None:
                title=f"new clients: a head on the body ({config.finetune_epochs} epochs)")
   transfer.set_xticks(config.finetune_samples, [str(k) for k in config.finetune_samples])
   seen = digits.NUM_CLASSES - config.unseen_classes
-  for ax, name in zip(matrices, ALGORITHMS):
+  for ax, name in zip(matrices, COMPARED):
     similarity_panel(fig, ax, mean_similarity(rows, name), seen, diverging=False)
     ax.set_title(f"{labels.label(name)}: feature cosine similarity\ngap seen "
                  f"{column_mean(rows, name, 'similarity_gap_seen'):.2f}, unseen "

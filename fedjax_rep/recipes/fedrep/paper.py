@@ -8,7 +8,7 @@ PAPER_ALGORITHMS = ("local", "fedavg", "fedavg-ft", "fedprox", "fedprox-ft", "sc
                     "scaffold-ft", "fed-mtl", "per-fedavg", "lg-fedavg", "l2gd", "apfl",
                     "ditto", "fedper", "fedrep")
 EXTRA = ("fedbabu",)
-ALGORITHMS = PAPER_ALGORITHMS + EXTRA
+DEFAULT_ALGORITHMS = PAPER_ALGORITHMS + EXTRA
 
 # FedRep Table 1 (Collins et al. 2021), test accuracy in %, one column per
 # (dataset, n, S); the algorithms in PAPER_ALGORITHMS order.

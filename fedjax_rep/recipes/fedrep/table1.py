@@ -34,7 +34,7 @@ QUICK_ALGORITHMS = ("local", "fedavg-ft", "fedrep")
 class CifarConfig(table.ShardConfig):
   """CIFAR-10 or CIFAR-100 (each recipe's `Recipe.defaults` sets its dataset and settings),
   or any registered dataset (`--set dataset=NAME`)."""
-  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
+  algorithms: tuple = neural.algorithms(paper.DEFAULT_ALGORITHMS)
   dataset: str = neural.dataset("cifar10")
 
   def check(self):
@@ -43,7 +43,7 @@ class CifarConfig(table.ShardConfig):
 
 @dataclasses.dataclass(frozen=True)
 class FemnistConfig(table.ShardConfig):
-  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
+  algorithms: tuple = neural.algorithms(paper.DEFAULT_ALGORITHMS)
   num_clients: tuple = cfg.positive_int("number of clients n of each setting", (150,),
                                         sequence=True)
   classes_per_client: tuple = cfg.positive_int(
@@ -64,7 +64,7 @@ class FemnistConfig(table.ShardConfig):
 
 @dataclasses.dataclass(frozen=True)
 class Sent140Config(table.Fields):
-  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
+  algorithms: tuple = neural.algorithms(paper.DEFAULT_ALGORITHMS)
   num_clients: int = cfg.num_clients(183)
   max_len: int = cfg.positive_int("tokens per tweet (longer ones are cut, shorter padded)", 25)
   vocab_size: int = cfg.positive_int("vocabulary: the most frequent words of the clients' "

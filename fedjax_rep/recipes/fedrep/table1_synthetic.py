@@ -33,7 +33,7 @@ QUICK_ALGORITHMS = ("local", "fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedr
 
 @dataclasses.dataclass(frozen=True)
 class Config(table.Fields):
-  algorithms: tuple = neural.algorithms(paper.ALGORITHMS)
+  algorithms: tuple = neural.algorithms(paper.DEFAULT_ALGORITHMS)
   num_clients: int = cfg.num_clients(100)
   alpha: tuple = cfg.setting((0.0, 0.5, 1.0), cfg.Check(float, low=0.0, sequence=True),
                              "model heterogeneity alpha of each setting")

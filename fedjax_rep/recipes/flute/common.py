@@ -27,7 +27,7 @@ from fedjax_rep.experiments import plotting
 from fedjax_rep.recipes.kit import shared
 
 NOISE_STD = 0.3 ** 0.5  # App. C.1: label noise of variance 0.3
-ALGORITHMS = ("flute", "fedrep-ri", "fedrep")
+DEFAULT_ALGORITHMS = ("flute", "fedrep-ri", "fedrep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ class GridConfig(ProblemConfig):
   """Fields of the recipes that compare algorithms over a (k, M, N) grid."""
   gamma1: float = cfg.positive_float("FLUTE's weight gamma1 of -||B W||^2 (theory: 2 gamma2)",
                                      0.25)
-  algorithms: tuple = cfg.choice("algorithms to compare", ALGORITHMS, ALGORITHMS,
+  algorithms: tuple = cfg.choice("algorithms to compare", DEFAULT_ALGORITHMS, DEFAULT_ALGORITHMS,
                                  sequence=True)
 
   def check(self):
@@ -165,7 +165,7 @@ def final_table(rows, cell_keys=("rep_dim", "num_clients", "samples_per_client")
   return table
 
 
-def markdown_table(rows, algorithms=ALGORITHMS) -> str:
+def markdown_table(rows, algorithms=DEFAULT_ALGORITHMS) -> str:
   """`final_table` as a markdown table of mean ± std over seeds."""
   header = ["k", "M", "N", *(labels.label(a) for a in algorithms), "rank-k floor", "seeds"]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -23,9 +23,9 @@ from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.recipes.kit import table
 from fedjax_rep.experiments.registry import Recipe, register
 
-ALGORITHMS = ("fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedrep", "fedrep-star", "fedrod",
-              "fedcp", "flute", "flute-star", "fedbabu")
-QUICK_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "fedbabu")  # FLUTE's Table 1's own
+DEFAULT_ALGORITHMS = ("fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedrep", "fedrep-star",
+                      "fedrod", "fedcp", "flute", "flute-star", "fedbabu")
+QUICK_ALGORITHMS = tuple(a for a in DEFAULT_ALGORITHMS if a != "fedbabu")  # FLUTE's Table 1's own
 
 # FLUTE Table 1, test accuracy in % (FedBABU is not in it).
 _COLUMNS = (("cifar10", 50, 2), ("cifar10", 50, 5), ("cifar10", 100, 2), ("cifar10", 100, 5),
@@ -61,7 +61,7 @@ class Config(table.ShardConfig):
   classes_per_client: tuple = cfg.positive_int(
       "classes per client m of each setting (paired with num_clients)",
       SETTINGS["cifar10"][1], sequence=True)
-  algorithms: tuple = neural.algorithms(ALGORITHMS)
+  algorithms: tuple = neural.algorithms(DEFAULT_ALGORITHMS)
   head_epochs: int = cfg.positive_int("FedRep's head epochs per round (FedRep* and FLUTE*: "
                                       "10); also FedAvg-FT's fine-tuning epochs", 1)
 

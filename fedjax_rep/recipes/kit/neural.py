@@ -28,7 +28,7 @@ from fedjax_rep.recipes.kit import shared
 from fedjax_rep.recipes.kit import summaries
 
 TRACED = ("lr", "momentum", "weight_decay")  # the fields a grid sweeps in one program
-ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local")
+DEFAULT_ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local")
 
 
 def dataset(default, help="the data: any registered dataset (fedjax-rep list; yours with "
@@ -140,9 +140,9 @@ def registered() -> tuple[str, ...]:
   return tuple(nn_registry.ALGORITHMS)
 
 
-def algorithms(default=ALGORITHMS):
+def algorithms(default=DEFAULT_ALGORITHMS):
   """The algorithms to compare: any registered neural algorithm, those of --plugin files
-  too (default: ALGORITHMS)."""
+  too (default: DEFAULT_ALGORITHMS)."""
   return cfg.choice("algorithms to compare", default, registered, sequence=True)
 
 

@@ -25,7 +25,7 @@ from fedjax_rep.experiments import labels
 from fedjax_rep.recipes.kit import linear
 from fedjax_rep.recipes.kit import shared
 
-ALGORITHMS = ("srpfl", "fedrep", "fastest-n")
+DEFAULT_ALGORITHMS = ("srpfl", "fedrep", "fastest-n")
 
 
 @dataclasses.dataclass(frozen=True)

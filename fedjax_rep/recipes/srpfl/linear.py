@@ -25,7 +25,7 @@ from fedjax_rep.experiments.registry import Recipe, register
 @dataclasses.dataclass(frozen=True)
 class Config(sc.Panels, sc.TimedConfig):
   algorithms: tuple = cfg.choice("algorithms to compare (fedrep sets the target)",
-                                 sc.ALGORITHMS, sc.ALGORITHMS, sequence=True)
+                                 sc.DEFAULT_ALGORITHMS, sc.DEFAULT_ALGORITHMS, sequence=True)
 
   def check(self):
     self.check_timed((self.num_clients,))

@@ -34,7 +34,7 @@ from fedjax_rep.recipes.srpfl import common as sc
 from fedjax_rep.experiments.registry import Recipe, register
 
 # algorithm -> (the neural algorithm it times, whether it follows SRPFL's doubling)
-ALGORITHMS = {"srpfl": ("fedrep", True), "fedrep": ("fedrep", False),
+TIMED = {"srpfl": ("fedrep", True), "fedrep": ("fedrep", False),
               "lg-srpfl": ("lg-fedavg", True), "lg-fedavg": ("lg-fedavg", False),
               "flanp-ft": ("fedavg-ft", True), "fedavg-ft": ("fedavg-ft", False),
               "flanp": ("fedavg", True), "fedavg": ("fedavg", False)}
@@ -79,7 +79,7 @@ class Config(sc.Panels, neural.Training):
       "classes per client S (0: the dataset's, the paper's 5 on CIFAR-10 and EMNIST, 20 on "
       "CIFAR-100, 3 on FEMNIST; 5 on digits, else 2)", 0, low=0)
   algorithms: tuple = cfg.choice("algorithms to compare (FedRep always runs: it sets the "
-                                 "target)", tuple(ALGORITHMS), tuple(ALGORITHMS), sequence=True)
+                                 "target)", tuple(TIMED), tuple(TIMED), sequence=True)
   n0_fraction: float = cfg.fraction("SRPFL's (and FLANP's) first participants n0 = max(1, "
                                     "round(n0_fraction x N)) (the authors: 10 of 100)", 0.1)
   stage_rounds: int = cfg.positive_int("rounds per SRPFL stage before the participants "
@@ -128,8 +128,8 @@ def data(config: Config, seed_values) -> federated.ClientDatasets:
 
 
 def algorithm_names(config: Config) -> tuple:
-  """config.algorithms and FedRep (it sets the target), in ALGORITHMS' order."""
-  return tuple(a for a in ALGORITHMS if a == "fedrep" or a in config.algorithms)
+  """config.algorithms and FedRep (it sets the target), in TIMED's order."""
+  return tuple(a for a in TIMED if a == "fedrep" or a in config.algorithms)
 
 
 def first_reached(result: dict, targets: np.ndarray):
@@ -169,11 +169,11 @@ def run_setting(config: Config, clients, seed_values, batch, *, speed: str,
                                               client_group=config.client_group,
                                               ft_epochs=config.head_epochs,
                                               eval_clients=config.eval_clients)
-            for inner in dict.fromkeys(ALGORITHMS[name][0] for name in names)}
+            for inner in dict.fromkeys(TIMED[name][0] for name in names)}
   results = {}
   for inner in inners:  # one program for all of them where they share it (`nn.program`)
     group = [(c, name) for c in range(len(combos)) for name in names
-             if ALGORITHMS[name][0] == inner]
+             if TIMED[name][0] == inner]
     programs = [neural.shared_program(config, inners[inner], each, list(inners.values()),
                                       clients) for each in inner_hparams]
     algorithm = timed.EvaluatedTimed(programs[0][0], sc.speed_model(speed, num_clients),
@@ -181,7 +181,7 @@ def run_setting(config: Config, clients, seed_values, batch, *, speed: str,
     unit_name = f"{inner}-{speed}-r{participation:g}"
     trained = batch.train(
         unit_name, algorithm, clients,
-        [timed.hparams(programs[c][1], schedules[ALGORITHMS[name][1]]) for c, name in group],
+        [timed.hparams(programs[c][1], schedules[TIMED[name][1]]) for c, name in group],
         keys, config.rounds, eval_every=config.eval_every)
     results.update(zip(group, trained))
 
@@ -259,7 +259,7 @@ def plot(rows, config: Config, file) -> None:
                               comm_cost=comm_cost)
       grids = list(dict.fromkeys(r["grid"] for r in panel if "grid" in r)) or [None]
       for name in algorithm_names(config):
-        inner, doubling = ALGORITHMS[name]
+        inner, doubling = TIMED[name]
         for g, label in enumerate(grids):  # a --grid: one line per combination, darker
           where = {"algorithm": name} if label is None else {"algorithm": name, "grid": label}
           xs, mean, low, high = plotting.curves(panel, "wall_clock", "test_accuracy",
