@@ -306,6 +306,26 @@ def write_json(path: str, data) -> None:
   print(f"wrote {path}")
 
 
+def check_positive(parser, args, names, lists=()) -> None:
+  """parser.error naming the first of the integer options `names` (and of the list options
+  `lists`, each item) that is below 1."""
+  for name in names:
+    if getattr(args, name) < 1:
+      parser.error(f"--{name.replace('_', '-')} must be >= 1")
+  for name in lists:
+    if min(getattr(args, name)) < 1:
+      parser.error(f"--{name.replace('_', '-')} must be >= 1")
+
+
+def report(rows, table: str, json_path: str | None) -> None:
+  """The end of a benchmark's log: when it finished, the table of `rows`, and the rows
+  written to `json_path` (as JSON) where given."""
+  print(f"\nfinished {now()}\n")
+  print(table)
+  if json_path:
+    write_json(json_path, rows)
+
+
 def peak_rss_bytes() -> int:
   """This process's peak resident set size so far (bytes): VmHWM of /proc/self/status,
   the peak of its own address space (Linux's ru_maxrss also counts the parent's at the

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 # benchmarks/ is the script's directory
-from linear_round import machine_info, now, peak_rss_bytes, write_json
+from linear_round import machine_info, now, peak_rss_bytes, report
 from fedjax_rep.core.cohort import cohort_size, sample_cohort
 from fedjax_rep.data import flat
 from fedjax_rep.data import synthetic
@@ -424,10 +424,7 @@ def main():
   with tempfile.TemporaryDirectory() as workdir:
     rows = [measure(federation, n, args.seed, rounds, workdir, args.client_group,
                     args.precision) for federation, n in runs]
-  print(f"\nfinished {now()}\n")
-  print(format_table(rows))
-  if args.json:
-    write_json(args.json, rows)
+  report(rows, format_table(rows), args.json)
 
 
 if __name__ == "__main__":

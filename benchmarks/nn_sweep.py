@@ -48,7 +48,7 @@ import jax
 import numpy as np
 
 # benchmarks/ is the script's directory
-from linear_round import machine_info, now, peak_rss_bytes, write_json
+from linear_round import check_positive, machine_info, now, peak_rss_bytes, report
 from recipe_time import compilation, compilation_totals
 
 PARTICIPATION = 0.1
@@ -312,11 +312,8 @@ def main():
   for name in ("rounds", "clients", "client_group", "eval_every"):
     if getattr(args, name) is None:
       setattr(args, name, getattr(SETUPS[args.model], name))
-  for name in ("seeds", "rounds", "clients", "client_group", "eval_every", "repeats"):
-    if getattr(args, name) < 1:
-      parser.error(f"--{name.replace('_', '-')} must be >= 1")
-  if min(args.settings) < 1:
-    parser.error("--settings must be >= 1")
+  check_positive(parser, args, ("seeds", "rounds", "clients", "client_group", "eval_every",
+                                 "repeats"), lists=("settings",))
   if args.child:
     print(json.dumps(run_child(args)))
     return
@@ -329,10 +326,7 @@ def main():
         f"repetitions; backend {jax.default_backend()}, the batch runner's width there: "
         f"{width_text(batch.default_width())}", flush=True)
   rows = [measure(count, args) for count in args.settings]
-  print(f"\nfinished {now()}\n")
-  print(format_table(rows))
-  if args.json:
-    write_json(args.json, rows)
+  report(rows, format_table(rows), args.json)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 # benchmarks/ is the script's directory
-from linear_round import machine_info, now, peak_rss_bytes, write_json
+from linear_round import check_positive, machine_info, now, peak_rss_bytes, report
 import nn_scale
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import flat
@@ -163,11 +163,7 @@ def main():
   parser.add_argument("--json", metavar="PATH", help="also write the rows as a JSON list")
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
-  for name in ("n", "rounds", "client_group"):
-    if getattr(args, name) < 1:
-      parser.error(f"--{name.replace('_', '-')} must be >= 1")
-  if min(args.settings) < 1:
-    parser.error("--settings must be >= 1")
+  check_positive(parser, args, ("n", "rounds", "client_group"), lists=("settings",))
   if args.child:
     print(json.dumps(run_child(args)))
     return
@@ -178,10 +174,7 @@ def main():
         f"{args.client_group}, {args.precision}; each grid size in a process of its own",
         flush=True)
   rows = with_ratios([measure(count, args) for count in args.settings])
-  print(f"\nfinished {now()}\n")
-  print(format_table(rows))
-  if args.json:
-    write_json(args.json, rows)
+  report(rows, format_table(rows), args.json)
 
 
 if __name__ == "__main__":

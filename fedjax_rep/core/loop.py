@@ -460,8 +460,8 @@ def run(algorithm, data, hparams, key, num_rounds: int, *, state=None, start_rou
     pieces.append({k: np.take(v, np.arange(stop - t), axis=axis) for k, v in metrics.items()})
     evaluation = {}
     if evaluated and (stop == num_rounds or (eval_every and stop % eval_every == 0)):
-      evaluation = _masked(jax.device_get(evaluate(algorithm, state, data, hparams,
-                                                   sweep_axes=sweep_axes)),
+      evaluation = _masked(jax.device_get(_evaluate(algorithm, state, data, hparams,
+                                                    levels=levels)),
                            jax.device_get(diverged))
       eval_rounds.append(stop)
       eval_pieces.append(evaluation)

@@ -107,6 +107,7 @@ class Batch:
     width = self._width(algorithm, data, settings, keys, starts)
     calls = -(-count // width)
     axes = _settings_axes(settings)
+    runs = jax.tree.leaves(data)[0].shape[0]
     results = []
     for start in range(0, count, width):
       chosen = list(range(start, min(start + width, count)))
@@ -121,19 +122,21 @@ class Batch:
                           flat_members)
 
       flat = self.unit(unit_name, compute)
-      width_runs = jax.tree.leaves(data)[0].shape[0]
-      results += [_runs(flat, i * width_runs, (i + 1) * width_runs) for i in range(len(chosen))]
+      results += [_runs(flat, i * runs, (i + 1) * runs) for i in range(len(chosen))]
     return results
 
   def _width(self, algorithm, data, settings, keys, starts) -> int:
     """The settings per call: `width` (else `default_width`), at most those that fit in
-    memory (`settings_that_fit`; said on stderr where fewer than asked), at least 1."""
+    memory (`settings_that_fit`, estimated only where more than one is asked; said on
+    stderr where fewer fit), at least 1."""
     count = len(settings)
-    asked = self.width or default_width() or count
+    asked = min(count, self.width or default_width() or count)
+    if asked == 1:
+      return 1
     fit, per_setting = settings_that_fit(algorithm if starts is None else starts[0], data,
                                          settings[0], keys, self.available)
-    width = max(1, min(count, asked, fit))
-    if width < min(count, asked):
+    width = max(1, min(asked, fit))
+    if width < asked:
       print(f"fedjax-rep: {count} settings need about {count * per_setting / 1e9:.2f} GB "
             f"beside the data, more than fits; running them in calls of {width}",
             file=sys.stderr)
