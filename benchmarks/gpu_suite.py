@@ -52,7 +52,7 @@ from fedjax_rep.data.federated import ClientDatasets
 from fedjax_rep.core import memory
 from fedjax_rep.nn.hparams import hparams as nn_hparams
 from fedjax_rep.nn.models import PRECISIONS, make_model
-from fedjax_rep.nn.registry import make_algorithm
+from fedjax_rep.nn.algorithms import make_algorithm
 from linear_round import machine_info, now, write_json  # benchmarks/ is the script's directory
 from nn_round import (BATCH, LR, MOMENTUM, NUM_CLASSES, WEIGHT_DECAY, VmapRound,
                       benchmark_model, format_table, forward_flops, interleaved_seconds, load,

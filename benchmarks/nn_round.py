@@ -35,7 +35,7 @@ from linear_round import machine_info, now, write_json  # benchmarks/ is the scr
 from fedjax_rep.nn import train
 from fedjax_rep.nn.hparams import hparams as nn_hparams
 from fedjax_rep.nn.models import make_model
-from fedjax_rep.nn.registry import make_algorithm
+from fedjax_rep.nn.algorithms import make_algorithm
 
 BATCH, LR, MOMENTUM, WEIGHT_DECAY = 10, 0.01, 0.5, 1e-4
 NUM_CLASSES = 10

@@ -56,7 +56,7 @@ from fedjax_rep.data import flat
 from fedjax_rep.data import synthetic
 from fedjax_rep.nn.hparams import hparams as nn_hparams
 from fedjax_rep.nn.models import PRECISIONS, make_model
-from fedjax_rep.nn.registry import make_algorithm
+from fedjax_rep.nn.algorithms import make_algorithm
 
 PARTICIPATION = 0.01
 HEAD_EPOCHS, LOCAL_EPOCHS, BATCH = 10, 1, 10

@@ -42,8 +42,8 @@ BOUND = 4.0
 
 def recipe_names() -> list[str]:
   """The registered recipes, in `fedjax-rep list`'s order."""
-  from fedjax_rep.experiments import registry
-  return list(registry.all_recipes())
+  from fedjax_rep.experiments import recipe_registry
+  return list(recipe_registry.all_recipes())
 
 
 def first_run(recipe: str, work: str, package: str | None = None, flags=()) -> dict:

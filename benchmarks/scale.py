@@ -46,7 +46,7 @@ dict of timings run in the subprocess:
 
 - linear: FedRep, d=50, k=5, m=10, full participation, `devices` > 1 sharded
   (FedRep(devices=...)).
-- neural: FedAvg (`fedjax_rep.nn.registry`) with a cohort of a quarter of the n clients,
+- neural: FedAvg (`fedjax_rep.nn.algorithms`) with a cohort of a quarter of the n clients,
   each training the MLP 784->512->256->64->10 of benchmarks/nn_round.py for one local
   epoch of minibatch SGD (batch 10, lr 0.01, momentum 0.5, weight decay 1e-4) on its own
   50 synthetic examples (fixed data), in vmap groups of 4 clients; the cohort is drawn over
@@ -120,7 +120,7 @@ def neural_round(config: dict) -> dict:
   from fedjax_rep.core import sharding
   from fedjax_rep.nn.hparams import hparams as nn_hparams
   from fedjax_rep.nn.models import make_model
-  from fedjax_rep.nn.registry import make_algorithm
+  from fedjax_rep.nn.algorithms import make_algorithm
   from nn_round import synthetic_data  # benchmarks/ is the script's directory
 
   n, devices = config["n"], None if config["devices"] == 1 else config["devices"]

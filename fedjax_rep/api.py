@@ -40,18 +40,18 @@ from fedjax_rep.linear.data_modes import (FixedData, FreshData, PopulationData, 
 from fedjax_rep.linear.problem import LinearProblem, make_problem, sample, sample_clients
 from fedjax_rep.linear.underparam import make_models, rank_k_error, spectrum, top_subspace
 from fedjax_rep.linear.underparam import make_data as make_underparam_data
-from fedjax_rep.linear.registry import make_algorithm
+from fedjax_rep.linear.algorithms import make_algorithm
 from fedjax_rep.nn.algorithm import NNState, Personalized
 from fedjax_rep.nn.conventions import resolve as nn_conventions
 from fedjax_rep.nn.hparams import NNHparams, Option
 from fedjax_rep.nn.hparams import hparams as nn_hparams
 from fedjax_rep.nn.models import MODELS, make_model
-from fedjax_rep.nn.registry import make_algorithm as make_neural_algorithm
-from fedjax_rep.nn.registry import register as register_algorithm
+from fedjax_rep.nn.algorithms import make_algorithm as make_neural_algorithm
+from fedjax_rep.nn.algorithms import register as register_algorithm
 from fedjax_rep.nn.state import RoundInfo
 from fedjax_rep.experiments.config import ConfigError
-from fedjax_rep.experiments.registry import all_recipes as _all_recipes
-from fedjax_rep.experiments.registry import resolve
+from fedjax_rep.experiments.recipe_registry import all_recipes as _all_recipes
+from fedjax_rep.experiments.recipe_registry import resolve
 from fedjax_rep.experiments.runner import run as run_recipe
 from fedjax_rep.experiments.runner import run_to_dir
 

@@ -32,7 +32,7 @@ def _list(plugin_paths) -> None:
   from fedjax_rep.data.datasets import DATASETS
   from fedjax_rep.hetero.timed import SCHEDULES
   from fedjax_rep.experiments import plugins
-  from fedjax_rep.experiments.registry import all_recipes
+  from fedjax_rep.experiments.recipe_registry import all_recipes
   plugins.load_all(plugin_paths)
   _section("recipes:", {name: recipe.summary for name, recipe in all_recipes().items()})
   for family, entries in ALGORITHMS.items():
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
   from fedjax_rep.data.missing import DataMissing
   from fedjax_rep.experiments import config as cfg
   from fedjax_rep.experiments import outputs
-  from fedjax_rep.experiments import registry
+  from fedjax_rep.experiments import recipe_registry
   from fedjax_rep.experiments import runner
   what = {}
   try:
@@ -284,7 +284,7 @@ def main(argv=None) -> int:
   distributed.leave()
   if not distributed.is_writer():  # process 0 of the job reports what it wrote
     return 0
-  tables = [name for name in (registry.get(recipe).summary_file, "selection.csv",
+  tables = [name for name in (recipe_registry.get(recipe).summary_file, "selection.csv",
                                "selection.png") if os.path.exists(os.path.join(out, name))]
   for name in tables:
     if name.endswith(".csv"):

@@ -25,7 +25,7 @@ from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import cost
 from fedjax_rep.nn import models
 from fedjax_rep.recipes.kit import neural
-from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import recipe_registry
 
 RECIPE = "fedrep-table1-cifar10"
 TRAIN, TEST, CLASSES, IMAGE = 50_000, 10_000, 10, (32, 32, 3)
@@ -86,7 +86,7 @@ def main() -> int:
   parser.add_argument("--algorithms", nargs="+", default=None,
                       help="the methods (default: the recipe's algorithms)")
   args = parser.parse_args()
-  config = registry.resolve(RECIPE, overrides=["source=mock"])
+  config = recipe_registry.resolve(RECIPE, overrides=["source=mock"])
   start = time.perf_counter()
   result = rows(config, args.algorithms or config.algorithms)
   n, s = config.num_clients[0], config.classes_per_client[0]

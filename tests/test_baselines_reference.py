@@ -9,7 +9,7 @@ import pytest
 
 import nn_reference as ref
 from fedjax_rep.nn import hparams as hparams_lib
-from fedjax_rep.nn import registry
+from fedjax_rep.nn import algorithms as nn_algorithms
 from test_nn_reference import (ATOL, HP, ROUNDS, RTOL, STRUCTURE, assert_states_close,
                                from_reference, initial_state, jitted, make, make_data,
                                run_package, server_and_shared, to_reference)
@@ -33,7 +33,7 @@ def make_baseline(name):
 
 def baseline_hparams(name):
   """HP with the OPTIONS that algorithm `name` declares (its traced numbers)."""
-  declared = hparams_lib.declared(registry.CLASSES[name])
+  declared = hparams_lib.declared(nn_algorithms.CLASSES[name])
   return HP.replace(options=hparams_lib.hparams(
       **{k: v for k, v in OPTIONS.items() if k in declared}).options)
 

@@ -158,11 +158,14 @@ def test_a_grid_of_lr_is_one_program_with_the_numbers_of_each_value_alone(
     ("flute-fig3", ["rounds=20"], "model_error"),
     ("srpfl-linear", ["rounds=40", "floor_rounds=20", "num_clients=30", "n0=5"],
      "principal_angle"),
+    ("srpfl-neural", ["comm_costs=0"], "train_loss"),
 ])
-def test_a_linear_recipe_of_each_family_logs_each_round_as_it_computes(
+def test_a_recipe_of_each_family_logs_each_round_as_it_computes(
     recipe, overrides, tag, tmp_path, monkeypatch):
   """Every round of every run reaches the tracker while the recipe runs (each chunk, before
-  metrics.csv's rows are logged), under the run names that the rows log them by."""
+  metrics.csv's rows are logged), under the run names that the rows log them by.
+  (srpfl-neural trains at the first comm_cost and logs the others' rows at the end: one
+  here.)"""
   snapshots = []
   original = tracking.Tracker._rows
 

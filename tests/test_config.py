@@ -227,19 +227,19 @@ def test_placement_fields_are_listed_last():
 def test_every_recipes_configuration_replays(quick, tmp_path):
   """A config.json's settings (auto ones, None, included) give back the same configuration
   (what --resume and --from-config read)."""
-  from fedjax_rep.experiments import registry
+  from fedjax_rep.experiments import recipe_registry
   from fedjax_rep.experiments import runner
   from fedjax_rep.data.missing import DataMissing
-  for name in registry.all_recipes():
+  for name in recipe_registry.all_recipes():
     try:
-      config = registry.resolve(name, quick=quick)
+      config = recipe_registry.resolve(name, quick=quick)
     except DataMissing:  # a full-size real-data recipe checks its files first
       continue
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps({"recipe": name, "quick": quick,
                                 "config": cfg.saved(config)}))
     what = runner.replay(str(path))
-    assert registry.resolve(name, quick=quick, overrides=what["overrides"]) == config, name
+    assert recipe_registry.resolve(name, quick=quick, overrides=what["overrides"]) == config, name
 
 
 @pytest.mark.parametrize("environ,expected", [

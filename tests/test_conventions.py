@@ -23,7 +23,7 @@ from fedjax_rep.core import sharding
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import partial
 from fedjax_rep.nn import program as nn_program
-from fedjax_rep.nn import registry
+from fedjax_rep.nn import algorithms as nn_algorithms
 import flute_reference as fref
 import nn_reference as ref
 import test_flute_neural as flute_tests
@@ -52,7 +52,7 @@ def hparams(**options):
 
 def make(name, **structure):
   """The algorithm `name` with test_nn_reference's STRUCTURE and cohort 4, or `structure`."""
-  return registry.make_algorithm(name, model=MODEL, **{"cohort": 4, **STRUCTURE, **structure})
+  return nn_algorithms.make_algorithm(name, model=MODEL, **{"cohort": 4, **STRUCTURE, **structure})
 
 
 def initial(algorithm, data, hp):

@@ -23,6 +23,7 @@ def neural_data(test_parts):
   return fr.client_datasets(x, y, parts, x, y, test_parts, 2)
 
 
+@pytest.mark.slow  # the fast tier keeps the linear clients' case (below)
 def test_neural_clients_without_test_samples_are_left_out():
   """FedAvg's clients are all tested with the global model: with every client tested on
   client 7's test set, each scores client 7's accuracy a, so the mean is a; with only client

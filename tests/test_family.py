@@ -44,9 +44,8 @@ def test_every_member_runs_as_one_family_program():
           family_program.ft_epochs) == (2, 10, 2)  # fedrep-star's 10 head epochs
 
 
-# The fast tier keeps FedRep (head phase) and FedAvg-FT (everything shared, fine-tuning).
-@pytest.mark.parametrize("name", [n if n in ("fedrep", "fedavg-ft") else
-                                  pytest.param(n, marks=pytest.mark.slow) for n in NAMES])
+@pytest.mark.slow  # the fast tier keeps test_the_members_compile_one_program_between_them
+@pytest.mark.parametrize("name", NAMES)
 def test_a_member_gives_its_own_algorithms_numbers(name):
   data = small_data()
   algorithm, program, hparams = programs(data)[name]
@@ -86,8 +85,9 @@ def test_an_algorithm_outside_the_family_or_alone_keeps_its_own_program():
   assert nn_program.program(fedrep, HP, [fedrep, other_model], example) == (fedrep, HP)
 
 
-@pytest.mark.parametrize("base,variant,field,most", [  # the fast tier keeps FedProx's
-    ("fedprox", "fedprox-ft", "ft_epochs", 2),
+@pytest.mark.parametrize("base,variant,field,most", [  # the fast tier keeps the family's
+    pytest.param("fedprox", "fedprox-ft", "ft_epochs", 2,  # one program (members, below)
+                 marks=pytest.mark.slow),
     pytest.param("scaffold", "scaffold-ft", "ft_epochs", 2, marks=pytest.mark.slow),
     pytest.param("flute", "flute-star", "head_epochs", 10, marks=pytest.mark.slow)])
 def test_variants_that_differ_in_traced_epochs_share_one_program(base, variant, field, most):

@@ -18,7 +18,7 @@ from fedjax_rep.nn import models, representation, train
 from fedjax_rep.nn.fedavg_steps import FedAvgSteps
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.fedavg_ft import neural as fedavg_ft_neural
-from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import recipe_registry
 from fedjax_rep.experiments import runner
 import nn_reference as ref
 
@@ -193,16 +193,16 @@ def test_class_cosine_similarity_matches_reference():
 
 def test_config_checks_the_split():
   with pytest.raises(cfg.ConfigError, match="leaves 1 class"):
-    registry.resolve("fedavg-ft-neural", overrides=["unseen_classes=9"])
+    recipe_registry.resolve("fedavg-ft-neural", overrides=["unseen_classes=9"])
   with pytest.raises(cfg.ConfigError, match="finetune_samples=500"):
-    registry.resolve("fedavg-ft-neural", overrides=["finetune_samples=1,500"])
+    recipe_registry.resolve("fedavg-ft-neural", overrides=["finetune_samples=1,500"])
 
 
 @pytest.mark.slow
 def test_recipe_quick(tmp_path):
   out = runner.run_to_dir("fedavg-ft-neural", quick=True, seeds=2, out=str(tmp_path),
                            progress=False)
-  config = registry.resolve("fedavg-ft-neural", quick=True)
+  config = recipe_registry.resolve("fedavg-ft-neural", quick=True)
   with open(f"{out}/summary.csv") as f:
     summary = list(csv.DictReader(f))
   assert [(r["algorithm"], int(r["finetune_samples"])) for r in summary] == [
@@ -249,7 +249,7 @@ def test_diverged_runs_analysis_is_nan_and_left_out_of_the_summary(tmp_path, cap
 
 def test_the_summary_leaves_out_diverged_runs():
   """Seed 1 diverged: the summary averages seed 0's numbers alone and counts seed 1."""
-  config = registry.resolve("fedavg-ft-neural", quick=True, overrides=["finetune_samples=1"])
+  config = recipe_registry.resolve("fedavg-ft-neural", quick=True, overrides=["finetune_samples=1"])
   rows = []
   for name in fedavg_ft_neural.COMPARED:
     for seed, value, diverged in ((0, 0.5, 0), (1, np.nan, 3)):

@@ -194,9 +194,10 @@ def test_a_round_changes_only_the_heads_of_clients_that_trained():
 
 # -- local training ------------------------------------------------------------------------
 @pytest.mark.parametrize(  # FLUTE, FLUTE*; FLUTE on heavy tails, padded and in a flat store
-    "head_epochs, counts, layout",
+    "head_epochs, counts, layout",  # (the fast tier keeps test_nn_reference's flat stores)
     [(0, COUNTS, client_datasets), (2, COUNTS, client_datasets),
-     (0, WIDE_COUNTS, client_datasets), (0, WIDE_COUNTS, flat_clients)],
+     (0, WIDE_COUNTS, client_datasets),
+     pytest.param(0, WIDE_COUNTS, flat_clients, marks=pytest.mark.slow)],
     ids=["flute", "flute-star", "flute-wide", "flute-wide-flat"])
 def test_rounds_match_the_reference(head_epochs, counts, layout):
   data = make_data(counts=counts, layout=layout)

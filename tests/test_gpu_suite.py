@@ -15,7 +15,7 @@ import pytest
 
 from fedjax_rep.nn.hparams import hparams
 from fedjax_rep.nn.models import make_model
-from fedjax_rep.nn.registry import make_algorithm
+from fedjax_rep.nn.algorithms import make_algorithm
 from conftest import BENCHMARKS, benchmark_module
 
 CPU_NONE = {"peak_device_bytes", "client_bytes"}  # not measured on the CPU

@@ -14,7 +14,7 @@ import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import plotting
-from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import recipe_registry
 from fedjax_rep.experiments import runner
 
 
@@ -60,17 +60,17 @@ def summarize(rows, config):
 def tiny(request):
   """A registered fake recipe 'test-tiny', without or with lr traced; yields its run."""
   run = Calls()
-  registry.register(registry.Recipe(
+  recipe_registry.register(recipe_registry.Recipe(
       name="test-tiny", summary="test", config=TinyConfig, quick={}, run=run,
       plot=lambda rows, config, f: f.write(b"png"), summarize=summarize,
       traced=request.param))
   yield run
-  del registry.RECIPES["test-tiny"]
+  del recipe_registry.RECIPES["test-tiny"]
 
 
 def test_every_combination_runs_with_its_columns(tiny):
   rows, config = fr.run_recipe("test-tiny", seeds=2, grid={"lr": [0.1, 0.3], "size": [1, 2]})
-  traced = registry.get("test-tiny").traced
+  traced = recipe_registry.get("test-tiny").traced
   # lr traced: one call per size with grid=[{lr: 0.1}, {lr: 0.3}]; else one per combination
   assert [(c.size, c.lr, g) for c, g in tiny.calls] == (
       [(1, 0.1, [{"lr": 0.1}, {"lr": 0.3}]), (2, 0.1, [{"lr": 0.1}, {"lr": 0.3}])] if traced
@@ -90,7 +90,7 @@ def test_without_grid_nothing_changes(tiny):
 
 def test_traced_key_alone_is_one_call(tiny):
   rows, _ = fr.run_recipe("test-tiny", grid=["lr=0.1,0.2,0.4"])
-  assert len(tiny.calls) == (1 if registry.get("test-tiny").traced else 3)
+  assert len(tiny.calls) == (1 if recipe_registry.get("test-tiny").traced else 3)
   assert sorted({r["grid"] for r in rows}) == ["lr=0.1", "lr=0.2", "lr=0.4"]
 
 
@@ -110,7 +110,7 @@ def test_run_to_dir_columns_units_summary_and_resume(tiny, tmp_path):
   assert list(rows[0])[:6] == ["algorithm", "seed", "round", "lr", "size", "grid"]
   with open(os.path.join(out, "config.json")) as f:
     assert json.load(f)["grid"] == {"lr": [0.1, 0.3], "size": [1, 2]}
-  traced = registry.get("test-tiny").traced
+  traced = recipe_registry.get("test-tiny").traced
   units = {f"{'' if traced else f'lr={lr},'}size={size}--"
            f"{f'lr{lr}-' if traced else ''}n{n}.npz"
            for lr in (0.1, 0.3) for size in (1, 2) for n in (1, 2)}
@@ -146,10 +146,10 @@ def test_without_grid_units_and_columns_are_unchanged(tiny, tmp_path):
 
 
 def test_traced_rows_must_carry_their_values(tiny):
-  if not registry.get("test-tiny").traced:
+  if not recipe_registry.get("test-tiny").traced:
     pytest.skip("only a traced run returns the traced keys")
-  registry.RECIPES["test-tiny"] = dataclasses.replace(
-      registry.get("test-tiny"), run=lambda config, seeds, batch, grid: [
+  recipe_registry.RECIPES["test-tiny"] = dataclasses.replace(
+      recipe_registry.get("test-tiny"), run=lambda config, seeds, batch, grid: [
           {"algorithm": "a", "seed": 0, "round": 1, "lr": np.float32(g["lr"]) * 2}
           for g in grid])
   with pytest.raises(RuntimeError, match="returned a row of lr=0.2.*traced keys lr"):
@@ -159,9 +159,10 @@ def test_traced_rows_must_carry_their_values(tiny):
 def test_traced_keys_must_be_scalar_numbers():
   for traced in (("sizes",), ("learning_rate",)):
     with pytest.raises(ValueError, match=f"traced key '{traced[0]}' is not a number field"):
-      registry.register(registry.Recipe(name="test-bad", summary="", config=TinyConfig,
-                                        quick={}, run=None, plot=None, traced=traced))
-  assert "test-bad" not in registry.RECIPES
+      recipe_registry.register(recipe_registry.Recipe(
+          name="test-bad", summary="", config=TinyConfig, quick={}, run=None, plot=None,
+          traced=traced))
+  assert "test-bad" not in recipe_registry.RECIPES
 
 
 @pytest.mark.parametrize("overrides,grid,pattern", [

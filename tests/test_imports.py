@@ -10,6 +10,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 import fedjax_rep
 from fedjax_rep.core import struct
@@ -49,6 +50,7 @@ def _child(script: str, *args) -> dict:
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # the fast tier keeps test_layers.py's import graph, read from the source
 def test_linear_recipe_imports_no_flax_optax_neural_code_or_trackers(tmp_path):
   result = _child(LINEAR_RUN, str(tmp_path / "run"))
   assert result == {"code": 0, "modules": []}

@@ -109,8 +109,8 @@ def test_the_last_call_is_padded_to_the_same_program(compiles):
 @pytest.mark.parametrize("recipe", ["digits-personalized", "table1-synthetic",
                                     "fedrep-table1-cifar10", "flute-table1"])
 def test_the_neural_recipes_trace_their_hparams_and_options(recipe):
-  from fedjax_rep.experiments import registry
-  found = registry.get(recipe)
-  config = registry.resolve(recipe, quick=True)
+  from fedjax_rep.experiments import recipe_registry
+  found = recipe_registry.get(recipe)
+  config = recipe_registry.resolve(recipe, quick=True)
   keys = found.traced(config)
   assert {"lr", "momentum", "weight_decay"} <= set(keys)

@@ -11,7 +11,7 @@ from fedjax_rep.data.federated import client_datasets
 from fedjax_rep.data.flat import flat_clients
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
-from fedjax_rep.nn import registry
+from fedjax_rep.nn import algorithms as nn_algorithms
 import nn_reference as ref
 
 HP = hparams_lib.hparams(lr=0.1, momentum=0.5, weight_decay=1e-3)
@@ -47,7 +47,7 @@ def make_data(seed=0, counts=COUNTS, layout=client_datasets):
 
 
 def make(name, **structure):
-  return registry.make_algorithm(name, model=MODEL, cohort=3, **{**STRUCTURE, **structure})
+  return nn_algorithms.make_algorithm(name, model=MODEL, cohort=3, **{**STRUCTURE, **structure})
 
 
 def initial_state(algorithm, data):

@@ -14,7 +14,7 @@ import fedjax_rep as fr
 from fedjax_rep.core import cohort
 from fedjax_rep.linear.fedrep import TRACED_HEAD_STEPS, FedRep
 from fedjax_rep.linear.hparams import LinearHparams
-from fedjax_rep.linear.registry import make_algorithm
+from fedjax_rep.linear.algorithms import make_algorithm
 from fedjax_rep.recipes.kit import linear
 from fedjax_rep.experiments import runner
 from fedjax_rep.recipes.kit import shared

@@ -13,7 +13,7 @@ import pytest
 import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.core import registry as core_registry
-from fedjax_rep.nn import registry as nn_registry
+from fedjax_rep.nn import algorithms as nn_algorithms
 from fedjax_rep.recipes.kit import neural
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import plugins
@@ -53,10 +53,10 @@ SMALL = ["digits-personalized", "--quick", "--seeds", "1", "--no-progress",
 @pytest.fixture(autouse=True)
 def registry_restored():
   """Each test starts and ends with the package's algorithms only (no plugin loaded)."""
-  neural_entries, classes = dict(core_registry.ALGORITHMS["neural"]), dict(nn_registry.CLASSES)
+  neural_entries, classes = dict(core_registry.ALGORITHMS["neural"]), dict(nn_algorithms.CLASSES)
   yield
-  for name in set(nn_registry.CLASSES) - set(classes):
-    del core_registry.ALGORITHMS["neural"][name], nn_registry.CLASSES[name]
+  for name in set(nn_algorithms.CLASSES) - set(classes):
+    del core_registry.ALGORITHMS["neural"][name], nn_algorithms.CLASSES[name]
   assert core_registry.ALGORITHMS["neural"] == neural_entries
   plugins.LOADED.clear()
 
@@ -137,6 +137,7 @@ def test_the_option_is_a_key_of_the_recipe_checked_by_its_option(plugin, tmp_pat
   assert compiles.count == 0 and not out.exists()
 
 
+@pytest.mark.slow  # the fast tier keeps test_neural_grid's option swept in one program
 def test_a_grid_over_the_option_compiles_the_round_once(plugin, compiles):
   hits = []
   jax.monitoring.register_event_listener(  # a program loaded from the persistent cache
@@ -190,7 +191,7 @@ def test_the_same_plugin_loads_again_but_no_name_twice(plugin, tmp_path):
   plugins.load(str(plugin))
   plugin.write_text(PLUGIN.replace("0.999", "0.99"))  # changed: imported again, allowed
   assert plugins.load(str(plugin))["sha256"] == hashlib.sha256(plugin.read_bytes()).hexdigest()
-  assert nn_registry.options()["server_beta"].high == 0.99
+  assert nn_algorithms.options()["server_beta"].high == 0.99
   other = tmp_path / "other.py"
   other.write_text(PLUGIN)  # another file registering the same name
   with pytest.raises(plugins.PluginError, match=f"'{NAME}' is registered already"):

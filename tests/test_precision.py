@@ -21,11 +21,14 @@ from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn.conv import conv_im2col, max_pool2
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.kit import neural
-from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import recipe_registry
 
 INPUTS = {"digits-mlp": (8, 8, 1), "digits-cnn": (8, 8, 1), "cifar10-cnn": (32, 32, 3),
           "synthetic-mlp": (60,), "sent140-lstm": (12,)}
 VOCAB = 50
+# Every model; the fast tier keeps the MLPs and CNNs, the slow one adds the LSTM.
+MODELS = [pytest.param(n, marks=pytest.mark.slow) if n == "sent140-lstm" else n
+          for n in sorted(INPUTS)]
 # The recipes that build a model, and so take `precision`.
 NEURAL_RECIPES = ("digits-personalized", "fedavg-ft-neural", "flute-table1", "srpfl-neural",
                   "fedrep-table1-cifar10", "fedrep-table1-cifar100", "fedrep-table1-femnist",
@@ -62,7 +65,7 @@ def _submodules(model):
   return [model, model.body]
 
 
-@pytest.mark.parametrize("name", sorted(INPUTS))
+@pytest.mark.parametrize("name", MODELS)
 def test_default_precision_is_float32_throughout(name):
   """The default (and precision='float32') leaves every module's dtype unset, as before the
   option existed: a forward pass casts nothing (the body models' jaxpr has no
@@ -115,9 +118,10 @@ def test_default_precision_logits_are_bit_identical_to_float32_reference(name, r
 
 
 # The models (and conv lowerings) whose lowered programs the precision tests inspect.
+# (The fast tier keeps the MLPs and CNNs; the LSTM runs in the slow tier.)
 LOWERED = [("digits-mlp", {}), ("synthetic-mlp", {}), ("digits-cnn", {"conv_impl": "xla"}),
            ("cifar10-cnn", {"conv_impl": "im2col"}), ("cifar10-cnn", {"conv_impl": "xla"}),
-           ("sent140-lstm", {})]
+           pytest.param("sent140-lstm", {}, marks=pytest.mark.slow)]
 
 
 def _matmuls(model, name):
@@ -179,7 +183,7 @@ def test_precision_record():
   assert linear.record(cfg.sweep(linear, {})) == {}
 
 
-@pytest.mark.parametrize("name", sorted(INPUTS))
+@pytest.mark.parametrize("name", MODELS)
 def test_bf16_keeps_float32_params_and_outputs(name):
   """bf16: the same float32 params (flax's param_dtype) from the same key; the matmuls run
   in bfloat16; the features and logits come back float32."""
@@ -201,9 +205,9 @@ def test_bf16_keeps_float32_params_and_outputs(name):
 @pytest.mark.parametrize("name,kw", [
     ("digits-mlp", {}),
     ("cifar10-cnn", {"conv_impl": "im2col"}),
-    ("cifar10-cnn", {"conv_impl": "xla"}),
-    ("sent140-lstm", {}),
-])
+    pytest.param("cifar10-cnn", {"conv_impl": "xla"}, marks=pytest.mark.slow),
+    pytest.param("sent140-lstm", {}, marks=pytest.mark.slow),
+])  # the fast tier keeps the MLP and the im2col CNN
 def test_bf16_logits_and_gradients_close_to_float32(name, kw):
   """bfloat16 has an 8-bit mantissa (relative rounding 2^-9): logits agree to about 1e-2
   of their scale, and the gradients point the same way."""
@@ -273,7 +277,7 @@ def test_precision_setting_of_every_neural_recipe(compiles):
   choices = cfg.fields(neural.Training)["precision"].metadata["check"].choices
   assert {"float32", "bf16"} <= set(choices) <= set(models.PRECISIONS)
   for recipe in NEURAL_RECIPES:
-    field = cfg.fields(registry.get(recipe).config)["precision"]
+    field = cfg.fields(recipe_registry.get(recipe).config)["precision"]
     assert field.default == "float32"
     assert field.metadata["check"].choices == choices
   config = fr.resolve("digits-personalized", overrides=["precision=bf16"])

@@ -4,6 +4,7 @@ declares the attributes that the round loop reads."""
 import dataclasses
 from typing import ClassVar
 
+import jax
 import numpy as np
 import pytest
 
@@ -77,3 +78,21 @@ def test_the_neural_data_say_what_they_hold():
   fedrep = make("neural", "fedrep")
   with pytest.raises(ValueError, match="the neural algorithms train on classification data"):
     fedrep.check(linear, fr.nn_hparams(lr=0.1))
+
+
+def test_the_linear_data_say_what_they_hold():
+  """Every linear data mode is LinearData (checks itself, says its per-client leaves: asked,
+  never probed), and a padded run's first clients are cut from those leaves only."""
+  from fedjax_rep.core.padding import first_clients
+  from fedjax_rep.core.protocols import LinearData
+  problem = fr.make_problem(jax.random.key(0), num_clients=6, dim=5, rep_dim=2, noise_std=0.1)
+  fixed = fr.client_data(np.ones((6, 4, 5), np.float32), np.ones((6, 4), np.float32))
+  fresh, population = fr.FreshData(problem, samples=3), fr.PopulationData(problem)
+  for each in (fixed, fresh, population):
+    assert isinstance(each, LinearData)
+    each.check(2)
+  for each in (fresh, population):
+    cut = first_clients(each, 4)
+    assert cut.problem.W_star.shape == (4, 2) and cut.problem.B_star.shape == (5, 2)
+  assert first_clients(fixed, 4).X.shape == (4, 4, 5)
+  assert not isinstance(fr.digits.federated(6, "classes", 2, seed=0), LinearData)

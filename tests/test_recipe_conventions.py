@@ -9,10 +9,10 @@ import pytest
 
 from fedjax_rep import cli
 from fedjax_rep.nn import conventions
-from fedjax_rep.nn import registry as nn_registry
+from fedjax_rep.nn import algorithms as nn_algorithms
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.kit import neural
-from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import recipe_registry
 
 TABLE1 = ("fedrep-table1-cifar10", "fedrep-table1-cifar100", "fedrep-table1-femnist",
           "fedrep-table1-sent140", "flute-table1", "table1-synthetic")
@@ -20,11 +20,11 @@ LEAF = ("fedrep-table1-femnist", "fedrep-table1-sent140", "table1-synthetic")
 
 
 def recipe_config(name):
-  return registry.default_config(registry.get(name))
+  return recipe_registry.default_config(recipe_registry.get(name))
 
 
 def test_table1_recipes_default_to_the_authors_and_the_others_to_the_papers():
-  with_conventions = [n for n in registry.all_recipes()
+  with_conventions = [n for n in recipe_registry.all_recipes()
                       if hasattr(recipe_config(n), "conventions")]
   assert set(TABLE1) <= set(with_conventions)
   assert {"digits-personalized", "srpfl-neural"} <= set(with_conventions)
@@ -74,7 +74,7 @@ def test_what_reaches_the_engine():
   assert not make("flute-star", paper).head_first
   assert neural.resolved_conventions(paper).options(make("flute-star", paper)) == {}
   with pytest.raises(ValueError, match="average_untrained"):
-    nn_registry.make_algorithm("ditto", model=ditto.model, cohort=2).check(
+    nn_algorithms.make_algorithm("ditto", model=ditto.model, cohort=2).check(
         None, neural.hparams(config).replace(options={"average_untrained": 1.0}))
 
 
@@ -85,7 +85,7 @@ def test_config_json_records_the_conventions_of_each_grid_combination():
   record = config.record(cfg.sweep(config, {"conventions": ("paper", "authors")}))
   assert record["conventions"]["conventions=paper"]["averaging"] == "samples"
   assert record["conventions"]["conventions=authors"]["averaging"] == "uniform"
-  linear = registry.resolve("fedrep-fig3")
+  linear = recipe_registry.resolve("fedrep-fig3")
   assert linear.record(cfg.sweep(linear, {})) == {}
 
 

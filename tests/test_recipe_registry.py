@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import recipe_registry
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -69,24 +69,25 @@ def test_a_recipe_module_that_raises_is_one_line(tmp_path):
 
 def test_list_is_unchanged_without_the_package():
   """Built-in recipes only: 19, in their listing order."""
-  names = list(registry.all_recipes())
+  names = list(recipe_registry.all_recipes())
   assert names[:3] == ["fedrep-fig1", "fedrep-fig3", "fedrep-fig4"]
   assert names[-2:] == ["flute-table1", "srpfl-neural"] and len(names) == 19
 
 
 def test_a_recipe_is_found_by_the_module_its_name_spells():
-  assert registry._spelled_modules("fedavg-ft-fig1")[0] == "fedjax_rep.recipes.fedavg_ft.fig1"
-  assert registry._spelled_modules("fedrep-table1-cifar10")[0] == \
+  assert recipe_registry._spelled_modules("fedavg-ft-fig1")[0] == \
+      "fedjax_rep.recipes.fedavg_ft.fig1"
+  assert recipe_registry._spelled_modules("fedrep-table1-cifar10")[0] == \
       "fedjax_rep.recipes.fedrep.table1"
-  assert registry._spelled_modules("no-such-recipe") == []
+  assert recipe_registry._spelled_modules("no-such-recipe") == []
 
 
 def test_readme_recipe_table_is_the_registry_s():
   script = runpy.run_path(str(ROOT / "scripts" / "recipe_table.py"))
   readme = (ROOT / "README.md").read_text()
-  assert script["with_table"](readme, registry.all_recipes()) == readme, (
+  assert script["with_table"](readme, recipe_registry.all_recipes()) == readme, (
       "README.md's recipe table is not the registry's: run python scripts/recipe_table.py")
-  for recipe in registry.all_recipes().values():
+  for recipe in recipe_registry.all_recipes().values():
     assert (ROOT / recipe.docs.split("#")[0]).is_file(), (recipe.name, recipe.docs)
 
 
@@ -127,6 +128,6 @@ def test_a_recipe_whose_configuration_is_not_a_config_is_refused():
 
   with pytest.raises(ValueError, match=r"recipe test-plain: its configuration Plain does not "
                                        r"derive from fedjax_rep.experiments.config.Config"):
-    registry.register(registry.Recipe(name="test-plain", summary="", config=Plain, quick={},
-                                      run=None, plot=None))
-  assert "test-plain" not in registry.RECIPES
+    recipe_registry.register(recipe_registry.Recipe(name="test-plain", summary="", config=Plain,
+                                                    quick={}, run=None, plot=None))
+  assert "test-plain" not in recipe_registry.RECIPES

@@ -43,6 +43,7 @@ def tiny_problem(seeds=3):
   return fr.make_algorithm("fedavg", rep_dim=2, cohort=4), data, hparams, keys
 
 
+@pytest.mark.slow  # the fast tier keeps test_faults' SIGKILL mid-save, resumed byte-identical
 def test_a_run_stopped_and_resumed_from_its_checkpoint_equals_an_uninterrupted_one(
     tmp_path, monkeypatch):
   """A sweep with a diverging run: stopped (as by SIGTERM) after round 20, then run again in

@@ -124,8 +124,8 @@ def test_real_data_recipes_quick_on_mock_data(recipe, overrides, capsys):
   rows, config = fr.run_recipe(recipe, quick=True, progress=False, overrides=overrides)
   assert config.source == "mock"
   assert f"fedjax-rep: {recipe} runs on mock data (" in capsys.readouterr().err
-  from fedjax_rep.experiments import registry
-  summary = registry.get(recipe).summarize(rows, config)
+  from fedjax_rep.experiments import recipe_registry
+  summary = recipe_registry.get(recipe).summarize(rows, config)
   assert {r["algorithm"] for r in summary} == set(config.algorithms)
   for r in summary:
     assert 0 <= r["test_accuracy"] <= 1 and np.isfinite(r["test_accuracy"])
@@ -170,17 +170,18 @@ def test_summaries_say_how_many_evaluations_they_average():
 def test_mock_data_is_said_for_exactly_the_configurations_that_train_on_it():
   """fedrep-table1-* with source=mock (as --quick sets) and flute-table1 on CIFAR with
   source=mock say one line; the real files, and flute-table1 --quick (digits), none."""
-  from fedjax_rep.experiments import registry
+  from fedjax_rep.experiments import recipe_registry
   from fedjax_rep.experiments import runner
-  quick = {name: runner.mock_lines(registry.get(name), [registry.resolve(name, quick=True)])
-           for name in registry.all_recipes()}
+  quick = {name: runner.mock_lines(recipe_registry.get(name),
+                                   [recipe_registry.resolve(name, quick=True)])
+           for name in recipe_registry.all_recipes()}
   assert {name for name, lines in quick.items() if lines} == {
       f"fedrep-table1-{d}" for d in ("cifar10", "cifar100", "femnist", "sent140")}
   assert quick["fedrep-table1-femnist"] == [
       "fedjax-rep: fedrep-table1-femnist runs on mock data (random examples in the format of "
       "FEMNIST (10 letters)), not the real dataset (source=mock, as --quick sets): its numbers "
       "mean nothing; `fedjax-rep data` says how to get the data"]
-  flute = registry.get("flute-table1")
+  flute = recipe_registry.get("flute-table1")
   config = flute.config(dataset="cifar10", source="mock")
   assert runner.mock_lines(flute, [config]) == [
       "fedjax-rep: flute-table1 runs on mock data (random examples in the format of cifar10), "

@@ -17,7 +17,7 @@ import fedjax_rep as fr
 from fedjax_rep import cli
 from fedjax_rep.core import registry
 from fedjax_rep.experiments import plugins
-from fedjax_rep.nn import registry as nn_registry
+from fedjax_rep.nn import algorithms as nn_algorithms
 from test_docs import ROOT
 
 MODEL = fr.make_model("digits-mlp", 10)
@@ -41,7 +41,7 @@ def examples(tmp_path_factory):
   yield path
   for name in ("fedavgm", "fedrep-decay", "fedrep-mean-head"):  # so that they load again
     registry.ALGORITHMS["neural"].pop(name)
-    nn_registry.CLASSES.pop(name)
+    nn_algorithms.CLASSES.pop(name)
 
 
 def data():
@@ -85,6 +85,7 @@ def test_a_schedule_over_rounds_sees_the_round_index(examples):
   assert not np.allclose(decayed.metrics["train_loss"][1:], fedrep.metrics["train_loss"][1:])
 
 
+@pytest.mark.slow  # the fast tier keeps the example file's server momentum against FedAvg
 def test_the_mean_head_is_the_cohorts_weighted_mean_and_mixing_none_is_fedrep(examples):
   fedrep = run("fedrep", HP)
   unmixed = run("fedrep-mean-head", fr.nn_hparams(lr=0.05, head_mix=0.0))
@@ -104,7 +105,7 @@ def test_the_mean_head_is_the_cohorts_weighted_mean_and_mixing_none_is_fedrep(ex
   assert not np.allclose(mixed.metrics["train_loss"][1:], fedrep.metrics["train_loss"][1:])
 
 
-@pytest.mark.slow  # the fast tier keeps the mean head against FedRep and its weighted mean
+@pytest.mark.slow
 def test_the_mean_head_runs_beside_fedrep_in_fedrep_table1(examples, tmp_path):
   """docs/api.md's command: the plugin in fedrep-table1-cifar10 --quick, its option set."""
   out = tmp_path / "out"

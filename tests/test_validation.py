@@ -230,7 +230,8 @@ def test_val_metrics_are_each_clients_accuracy_on_its_validation_rows(layout, ev
   assert {k for k in result.eval_metrics if k.startswith("val_")} == VAL_METRICS
 
 
-@pytest.mark.parametrize("layout", ["padded", pytest.param("flat", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the fast tier keeps each client's validation accuracy of one run
+@pytest.mark.parametrize("layout", ["padded", "flat"])
 def test_val_metrics_of_a_vmapped_sweep_of_seeds(layout):
   data = fr.validation_split(fr.stack_datasets([digits(s, layout) for s in (0, 1)]), 0.25,
                              [5, 6])
@@ -260,6 +261,7 @@ def test_fraction_zero_is_the_data_itself_and_adds_no_metric():
     np.testing.assert_array_equal(after.eval_metrics[name], value, err_msg=name)
 
 
+@pytest.mark.slow  # the fast tier keeps each client's validation accuracy of one run
 def test_a_split_leaves_the_test_metrics_of_a_state_bit_identical():
   """The same state evaluated on split data and on the same data without their validation
   fields: the test_* metrics agree bit for bit (testing on validation rows as well changes

@@ -86,9 +86,8 @@ class Padded:
 
 
 def first_clients(data, n: int):
-  """`data` restricted to its first n clients: every leaf that the data's `client_specs`
-  marks as per-client (every leaf, for data without `client_specs`) cut to n rows."""
+  """`data` (`core.protocols.LinearData`) restricted to its first n clients: every leaf
+  that the data's `client_specs` marks as per-client cut to n rows."""
   mark = PartitionSpec("clients")
-  marks = (data.client_specs(mark) if hasattr(data, "client_specs")
-           else jax.tree.map(lambda _: mark, data))
+  marks = data.client_specs(mark)
   return jax.tree.map(lambda leaf, spec: leaf[:n] if spec == mark else leaf, data, marks)

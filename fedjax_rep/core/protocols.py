@@ -31,6 +31,20 @@ class ClientData(Protocol):
 
 
 @runtime_checkable
+class LinearData(ClientData, Protocol):
+  """The linear algorithms' data (`linear.data_modes`): client data that check themselves
+  and say which of their leaves are per-client."""
+
+  def check(self, rep_dim: int, heads: bool = True) -> None:
+    """Raises ValueError on data a linear algorithm with rep_dim k cannot run on (warns
+    where `heads`, the clients fitting heads, meets fewer samples than k)."""
+
+  def client_specs(self, spec: Any) -> Any:
+    """The data's pytree with `spec` (a `PartitionSpec`) at its per-client leaves and
+    `PartitionSpec()` (replicated) at the others."""
+
+
+@runtime_checkable
 class ClassificationData(Protocol):
   """Per-client classification data with a leading client axis (the neural algorithms':
   `data.federated.ClientDatasets`, `data.flat.FlatClients`), which say what they hold: the

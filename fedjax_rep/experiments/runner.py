@@ -28,7 +28,7 @@ from fedjax_rep.experiments import outputs
 from fedjax_rep.experiments import placement
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import plugins as plugins_lib
-from fedjax_rep.experiments import registry
+from fedjax_rep.experiments import recipe_registry
 from fedjax_rep.experiments import selection
 from fedjax_rep.experiments import tracking
 
@@ -42,8 +42,8 @@ def check_seeds(seeds) -> int:
 def _prepare(name, quick, seeds, overrides, grid):
   """(recipe, validated config, number of seeds, its checked `cfg.Sweep` of `grid`): every
   check, before any work."""
-  recipe = registry.get(name)
-  config = registry.resolve(name, quick=quick, overrides=overrides)
+  recipe = recipe_registry.get(name)
+  config = recipe_registry.resolve(name, quick=quick, overrides=overrides)
   swept = cfg.sweep(config, grid, overrides)
   for each in swept.configs:
     placement.check(each)
@@ -373,10 +373,10 @@ def replay(config_path: str) -> dict:
     raise cfg.ConfigError(f"{config_path} is not a run's config.json (no 'config' entry)")
   name = saved.get("recipe")
   try:
-    registry.get(name)
+    recipe_registry.get(name)
   except cfg.ConfigError:
     raise cfg.ConfigError(f"{config_path} names recipe {name!r}, which is not one of "
-                          f"{', '.join(registry.all_recipes())}") from None
+                          f"{', '.join(recipe_registry.all_recipes())}") from None
   grid = saved.get("grid") or {}
   select = saved.get("select")
   return {"name": name, "quick": bool(saved.get("quick")), "seeds": saved.get("seeds"),

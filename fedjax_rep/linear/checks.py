@@ -41,12 +41,11 @@ def _scale_bound(X: jax.Array, y: jax.Array) -> jax.Array:
 
 
 def check_data(data, rep_dim: int, cohort: int | None = None, heads: bool = True) -> None:
-  """A linear algorithm's checks of one run's data (its `check`, before anything compiles):
-  the data's own `check` for rep_dim k (data without one: none; `heads`: the clients fit
+  """A linear algorithm's checks of one run's data (`core.protocols.LinearData`; its `check`,
+  before anything compiles): the data's own `check` for rep_dim k (`heads`: the clients fit
   heads, so fewer samples than k warn), then 1 <= cohort <= num_clients (None: every client
   takes part every round)."""
-  if hasattr(data, "check"):
-    data.check(rep_dim, heads)
+  data.check(rep_dim, heads)
   if cohort is not None:
     checks.in_range("cohort", cohort, 1, data.num_clients, "the number of clients",
                     "sample at most that many clients per round")

@@ -257,6 +257,12 @@ class ProblemData:
     checks.finite("W_star", self.problem.W_star, ("client",), "ground-truth heads must be finite")
     check_noise_std(self.problem.noise_std)
 
+  def client_specs(self, spec: PartitionSpec) -> "ProblemData":
+    """The data with `spec` at the heads W* and P() (replicated) elsewhere."""
+    replicated = PartitionSpec()
+    return self.replace(problem=LinearProblem(B_star=replicated, W_star=spec,
+                                              noise_std=replicated))
+
   def refit_models(self, B: jax.Array) -> None:
     """None: there are no fixed local datasets to refit heads on (clients keep theirs)."""
     del B
@@ -335,12 +341,6 @@ class FreshData(ProblemData):
       return sample(key, problem.B_star, heads, problem.noise_std, self.samples, ids)
     return fresh_statistics.sample(key, basis.T @ problem.B_star, heads, problem.noise_std,
                                    self.samples, ids)
-
-  def client_specs(self, spec: PartitionSpec) -> "FreshData":
-    """The data with `spec` at the heads W* and P() (replicated) elsewhere."""
-    replicated = PartitionSpec()
-    return self.replace(problem=LinearProblem(B_star=replicated, W_star=spec,
-                                              noise_std=replicated))
 
 
 @struct.dataclass

@@ -12,6 +12,6 @@ which personal.
 To add an algorithm, derive from `Personalized` (or a method close to yours) and override
 the hooks you need (`labels`, `client_update`, `server_update`, `eval_params`, the state's
 `initial_parts` and `initial_server`), declare its traced options (`options`) and register
-it with `registry.register` (`fr.register_algorithm`): docs/api.md's "Adding an
+it with `core.registry.register` (`fr.register_algorithm`): docs/api.md's "Adding an
 algorithm" works two examples through.
 """

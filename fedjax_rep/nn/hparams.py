@@ -75,7 +75,7 @@ def epochs_option(name: str) -> "Option":
                 set_by_recipe=True)
 
 
-# {name: Option} of every option a registered neural algorithm declares (`registry.register`
+# {name: Option} of every option a registered neural algorithm declares (`core.registry.register`
 # records them): the options `hparams` takes by default.
 KNOWN: dict[str, Option] = {}
 

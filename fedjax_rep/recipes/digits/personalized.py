@@ -24,7 +24,7 @@ from fedjax_rep.experiments import labels
 from fedjax_rep.recipes.kit import neural
 from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.experiments import plotting
-from fedjax_rep.experiments.registry import Recipe, register
+from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ At lr 0.1 the same orderings hold, only slower.
 import dataclasses
 
 from fedjax_rep.core.cohort import cohort_size
-from fedjax_rep.linear.registry import make_algorithm
+from fedjax_rep.linear.algorithms import make_algorithm
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.kit import linear
 from fedjax_rep.recipes.kit import shared

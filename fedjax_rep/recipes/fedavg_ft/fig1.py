@@ -11,7 +11,7 @@ import dataclasses
 from fedjax_rep.recipes.fedavg_ft import common as ft
 from fedjax_rep.experiments import plotting
 from fedjax_rep.recipes.kit import shared
-from fedjax_rep.experiments.registry import Recipe, register
+from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,7 @@ from fedjax_rep.data import digits, federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import models, representation
 from fedjax_rep.nn import params as params_lib
-from fedjax_rep.nn import registry as nn_registry
+from fedjax_rep.nn import algorithms as nn_algorithms
 from fedjax_rep.nn.algorithm import NNState
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
@@ -36,7 +36,7 @@ from fedjax_rep.recipes.kit import neural
 from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.experiments import plotting
 from fedjax_rep.recipes.kit import shared
-from fedjax_rep.experiments.registry import Recipe, register
+from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 COMPARED = ("d-sgd", "fedavg-steps")  # the algorithms, in this order
 
@@ -170,7 +170,7 @@ def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   rows, finals, trained_metrics = [], [], []
   for name in COMPARED:
     steps = local_steps(name, config)
-    algorithm = nn_registry.make_algorithm(
+    algorithm = nn_algorithms.make_algorithm(
         name, model=model, cohort=cohort, batch_size=config.batch_size,
         client_group=config.client_group, local_steps=config.local_steps)  # d-sgd: 1 step
     # D-SGD runs tau times the rounds, evaluated at FedAvg's numbers of local updates.

@@ -18,13 +18,13 @@ import numpy as np
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.linear import local as local_lib
 from fedjax_rep.linear import metrics as metrics_lib
-from fedjax_rep.linear.registry import make_algorithm
+from fedjax_rep.linear.algorithms import make_algorithm
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import placement
 from fedjax_rep.recipes.kit import linear
 from fedjax_rep.experiments import plotting
 from fedjax_rep.recipes.kit import shared
-from fedjax_rep.experiments.registry import Recipe, register
+from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

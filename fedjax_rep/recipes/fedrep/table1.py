@@ -25,7 +25,7 @@ from fedjax_rep.recipes.kit import neural
 from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.recipes.kit import table
 from fedjax_rep.recipes.fedrep import paper
-from fedjax_rep.experiments.registry import Recipe, register
+from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 QUICK_ALGORITHMS = ("local", "fedavg-ft", "fedrep")
 

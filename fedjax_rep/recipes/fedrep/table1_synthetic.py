@@ -24,7 +24,7 @@ from fedjax_rep.recipes.kit import neural
 from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.recipes.kit import table
 from fedjax_rep.recipes.fedrep import paper
-from fedjax_rep.experiments.registry import Recipe, register
+from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 DATASET = "synthetic"
 # --quick: the algorithms that share one program (`nn.program`), so it compiles once.

@@ -19,7 +19,7 @@ from fedjax_rep.linear import underparam
 from fedjax_rep.linear.fedrep import FedRep
 from fedjax_rep.linear.flute import LOSSES
 from fedjax_rep.linear.hparams import LinearHparams
-from fedjax_rep.linear.registry import make_algorithm
+from fedjax_rep.linear.algorithms import make_algorithm
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
 from fedjax_rep.recipes.kit import linear

@@ -14,7 +14,7 @@ import functools
 from fedjax_rep.linear import underparam
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.flute import fig3 as flute_fig3
-from fedjax_rep.experiments.registry import Recipe, register
+from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

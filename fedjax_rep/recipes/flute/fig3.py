@@ -14,7 +14,7 @@ import dataclasses
 
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.flute import common as fc
-from fedjax_rep.experiments.registry import Recipe, register
+from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

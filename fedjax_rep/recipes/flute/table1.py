@@ -21,7 +21,7 @@ from fedjax_rep.experiments import config as cfg
 from fedjax_rep.recipes.kit import neural
 from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.recipes.kit import table
-from fedjax_rep.experiments.registry import Recipe, register
+from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 DEFAULT_ALGORITHMS = ("fedavg", "fedavg-ft", "lg-fedavg", "fedper", "fedrep", "fedrep-star",
                       "fedrod", "fedcp", "flute", "flute-star", "fedbabu")

@@ -20,7 +20,7 @@ from fedjax_rep.nn import cost as cost_lib
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
 from fedjax_rep.nn import program as program_lib
-from fedjax_rep.nn import registry as nn_registry
+from fedjax_rep.nn import algorithms as nn_algorithms
 from fedjax_rep.nn import sharded as nn_sharded
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import placement
@@ -137,7 +137,7 @@ def precision_record(config, swept: cfg.Sweep) -> dict:
 
 def registered() -> tuple[str, ...]:
   """The names of the neural algorithms registered now (the package's, then a plugin's)."""
-  return tuple(nn_registry.ALGORITHMS)
+  return tuple(nn_algorithms.ALGORITHMS)
 
 
 def algorithms(default=DEFAULT_ALGORITHMS):
@@ -195,15 +195,15 @@ class Training(cfg.Config):
     """{name: Option} of the traced options that the algorithms in `algorithms` declare,
     less those a recipe sets itself (`set_by_recipe`: the conventions' flags, the epoch
     counts of `nn.program`); --set and --grid take them as keys."""
-    entries = [nn_registry.ALGORITHMS[name] for name in self.algorithms
-               if name in nn_registry.ALGORITHMS]
+    entries = [nn_algorithms.ALGORITHMS[name] for name in self.algorithms
+               if name in nn_algorithms.ALGORITHMS]
     return {o.name: o for entry in entries for o in entry.options
             if not o.set_by_recipe}
 
   def shard_refusal(self, name: str) -> str | None:
     """None when the neural algorithm `name` can run sharded, else why not
     (`nn.sharded.refusal`)."""
-    return nn_sharded.refusal(nn_registry.CLASSES[name])
+    return nn_sharded.refusal(nn_algorithms.CLASSES[name])
 
 
 def resolved_conventions(config) -> conventions_lib.Conventions:
@@ -279,7 +279,7 @@ def algorithm(name, config, model, num_clients):
   """Algorithm `name` with its structure, placement (devices, cohort groups), whom it
   evaluates (eval_clients) and the structure of its conventions (FLUTE*'s order) from
   `config`, for num_clients clients."""
-  return nn_registry.make_algorithm(
+  return nn_algorithms.make_algorithm(
       name, model=model, cohort=cohort_size(num_clients, config.participation),
       local_epochs=config.local_epochs, head_epochs=config.head_epochs,
       batch_size=config.batch_size, client_group=config.client_group,

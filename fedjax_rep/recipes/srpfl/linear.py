@@ -19,7 +19,7 @@ from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import plotting
 from fedjax_rep.recipes.kit import shared
 from fedjax_rep.recipes.srpfl import common as sc
-from fedjax_rep.experiments.registry import Recipe, register
+from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)

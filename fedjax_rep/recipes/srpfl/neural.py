@@ -24,14 +24,15 @@ from fedjax_rep.data import datasets, federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.hetero import timed
 from fedjax_rep.nn import hparams as hparams_lib
-from fedjax_rep.nn import registry as nn_registry
+from fedjax_rep.nn import algorithms as nn_algorithms
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
 from fedjax_rep.recipes.kit import neural
+from fedjax_rep.recipes.kit import shared
 from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.experiments import plotting
 from fedjax_rep.recipes.srpfl import common as sc
-from fedjax_rep.experiments.registry import Recipe, register
+from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 # algorithm -> (the neural algorithm it times, whether it follows SRPFL's doubling)
 TIMED = {"srpfl": ("fedrep", True), "fedrep": ("fedrep", False),
@@ -158,11 +159,12 @@ def run_setting(config: Config, clients, seed_values, batch, *, speed: str,
   model = neural.dataset_model(config.dataset, clients.input_spec(runs=1).shape,
                                config.precision)
   combos = grid or [{}]
+  first_cost = config.comm_costs[0]  # trained (and logged live) at C = comm_costs[0]
   inner_hparams = [hparams_lib.hparams(setting(c)["lr"], c.momentum, c.weight_decay)
                    for c in (cfg.apply(config, combo) for combo in combos)]
   keys = neural.run_keys(seed_values)
   names = algorithm_names(config)
-  inners = {inner: nn_registry.make_algorithm(inner, model=model, cohort=cohort,
+  inners = {inner: nn_algorithms.make_algorithm(inner, model=model, cohort=cohort,
                                               local_epochs=s["local_epochs"],
                                               head_epochs=config.head_epochs,
                                               batch_size=config.batch_size,
@@ -181,8 +183,12 @@ def run_setting(config: Config, clients, seed_values, batch, *, speed: str,
     unit_name = f"{inner}-{speed}-r{participation:g}"
     trained = batch.train(
         unit_name, algorithm, clients,
-        [timed.hparams(programs[c][1], schedules[TIMED[name][1]]) for c, name in group],
-        keys, config.rounds, eval_every=config.eval_every)
+        [timed.hparams(programs[c][1], schedules[TIMED[name][1]], first_cost)
+         for c, name in group],
+        keys, config.rounds, eval_every=config.eval_every,
+        members=[shared.members(name, seed_values, speed_model=speed,
+                                participation=participation, comm_cost=first_cost,
+                                **combos[c]) for c, name in group])
     results.update(zip(group, trained))
 
   rows = []
@@ -192,15 +198,17 @@ def run_setting(config: Config, clients, seed_values, batch, *, speed: str,
     for comm_cost in config.comm_costs:
       for name in names:
         result = results[c, name]
-        clock = result["metrics"]["wall_clock"] + comm_cost * np.arange(1, config.rounds + 1)
-        result = {**result, "metrics": {**result["metrics"], "wall_clock": clock}}
+        if comm_cost != first_cost:  # the same runs, another cost per round
+          clock = result["metrics"]["wall_clock"] + (comm_cost - first_cost) * np.arange(
+              1, config.rounds + 1)
+          result = {**result, "metrics": {**result["metrics"], "wall_clock": clock}}
         rounds, times = first_reached(result, targets)
         for i, seed in enumerate(seed_values):
-          rows += summaries.rows(name, [seed], neural.runs(result, i, i + 1),
-                              speed_model=speed, participation=participation,
-                              comm_cost=comm_cost, **combo, target=float(targets[i]),
-                              rounds_to_target=float(rounds[i]),
-                              time_to_target=float(times[i]))
+          rows += [{**row, "target": float(targets[i]), "rounds_to_target": float(rounds[i]),
+                    "time_to_target": float(times[i])}
+                   for row in summaries.rows(name, [seed], neural.runs(result, i, i + 1),
+                                             speed_model=speed, participation=participation,
+                                             comm_cost=comm_cost, **combo)]
   return rows
 
 
