@@ -18,6 +18,7 @@ from fedjax_rep.data.federated import ClientDatasets, client_datasets
 from fedjax_rep.data.federated import stack as stack_datasets
 from fedjax_rep.data.flat import FlatClients, flat_clients
 from fedjax_rep.data.partition import PARTITIONS, partition
+from fedjax_rep.data.new_clients import split as new_clients_split
 from fedjax_rep.data.validation import split as validation_split
 from fedjax_rep.core.tree import gather, scatter, stack
 from fedjax_rep.hetero.speeds import SpeedModel, dynamic_speeds, fixed_speeds, given_speeds
@@ -46,6 +47,7 @@ from fedjax_rep.nn.conventions import resolve as nn_conventions
 from fedjax_rep.nn.hparams import NNHparams, Option
 from fedjax_rep.nn.hparams import hparams as nn_hparams
 from fedjax_rep.nn.models import MODELS, make_model
+from fedjax_rep.nn.new_clients import NewClients, WithNewClients
 from fedjax_rep.nn.algorithms import make_algorithm as make_neural_algorithm
 from fedjax_rep.nn.algorithms import register as register_algorithm
 from fedjax_rep.nn.state import RoundInfo

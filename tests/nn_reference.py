@@ -541,8 +541,54 @@ def evaluate(shared: dict, personal: list[dict], data, hp=None, *,
     accuracies.append(accuracy(params, np.asarray(data.x_test[i][:t], np.float64),
                                np.asarray(data.y_test[i][:t])))
     weights.append(t)
-  return {"test_accuracy": float(np.mean(accuracies)),
-          "test_accuracy_weighted": float(np.average(accuracies, weights=weights)),
-          "test_accuracy_std": float(np.std(accuracies)),
-          "test_accuracy_p10": float(np.percentile(accuracies, 10)),
-          "test_clients": len(accuracies)}
+  return statistics(accuracies, weights)
+
+
+def statistics(accuracies: list[float], weights: list[int], prefix: str = "test_",
+               count: str = "test_clients") -> dict:
+  """The metrics of the tested clients' accuracies (weights: their test counts):
+  PREFIXaccuracy (the mean), _weighted, _std (ddof 0), _p10 and COUNT (how many)."""
+  return {f"{prefix}accuracy": float(np.mean(accuracies)),
+          f"{prefix}accuracy_weighted": float(np.average(accuracies, weights=weights)),
+          f"{prefix}accuracy_std": float(np.std(accuracies)),
+          f"{prefix}accuracy_p10": float(np.percentile(accuracies, 10)),
+          count: len(accuracies)}
+
+
+# -- new clients ---------------------------------------------------------------------------
+def new_client_params(name: str, shared: dict, data, i: int, key, hp, epochs: int,
+                      batch_size: int, fresh: dict) -> dict:
+  """The params new client i of algorithm `name` is tested with (the package's
+  `new_clients`), `fresh` being the model's initial params the client drew (with the first
+  key of split(its key)): FedRep, FedPer, FedAvg and FedAvg-FT keep the server's body
+  (`shared`) and train a head from zero, body frozen, for `epochs` epochs with the client's
+  key, the i-th of split(key, n); LG-FedAvg and local only keep the server's shared params
+  and train their personal ones from `fresh` (heads from zero) with the second key of
+  split(its key)."""
+  x, y, count = np.asarray(data.x[i], np.float64), np.asarray(data.y[i]), int(data.counts[i])
+  client_key = jax.random.split(key, data.num_clients)[i]
+  zeros = {p: np.zeros_like(v, np.float64) for p, v in fresh.items() if p.startswith("head/")}
+  if name in ("fedrep", "fedper", "fedavg", "fedavg-ft"):
+    params = {**{p: v for p, v in shared.items() if p.startswith("body/")}, **zeros}
+    return sgd_epochs(params, head_names(params), x, y, count, client_key, hp, epochs,
+                      batch_size)[0]
+  common = shared_names(name, fresh)
+  params = {p: np.asarray(shared[p] if p in common else zeros.get(p, v), np.float64)
+            for p, v in fresh.items()}
+  _, train_key = jax.random.split(client_key)
+  personal = [p for p in params if p not in common]
+  return sgd_epochs(params, personal, x, y, count, train_key, hp, epochs, batch_size)[0]
+
+
+def new_clients(name: str, shared: dict, data, key, hp, epochs: int, batch_size: int,
+                fresh: list[dict]) -> dict:
+  """`evaluate`'s metrics, named new_* (its client count new_client_count), of the new
+  clients `data`, each tested with its `new_client_params` (fresh[i]: client i's draw)."""
+  accuracies, weights = [], []
+  for i in range(data.num_clients):
+    t = int(data.test_counts[i])
+    params = new_client_params(name, shared, data, i, key, hp, epochs, batch_size, fresh[i])
+    accuracies.append(accuracy(params, np.asarray(data.x_test[i][:t], np.float64),
+                               np.asarray(data.y_test[i][:t])))
+    weights.append(t)
+  return statistics(accuracies, weights, "new_", "new_client_count")

@@ -117,7 +117,7 @@ def rows_by_run(rows, keys) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe, overrides, grid", [
     ("fedavg-ft-neural", ["rounds=4", "local_steps=2", "num_clients=10", "eval_every=2",
-                          "finetune_epochs=2", "new_clients=2"], (0.02, 0.05, 0.1)),
+                          "finetune_epochs=2", "unseen_clients=2"], (0.02, 0.05, 0.1)),
     ("srpfl-neural", ["rounds=6", "stage_rounds=2", "num_clients=10", "algorithms=srpfl,flanp",
                       "comm_costs=0,10"], (0.02, 0.05)),
 ])

@@ -11,6 +11,8 @@ from fedjax_rep.data.federated import client_datasets
 from fedjax_rep.data.flat import flat_clients
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
+from fedjax_rep.nn import params as params_lib
+from fedjax_rep.nn.new_clients import NewClients, WithNewClients
 from fedjax_rep.nn import algorithms as nn_algorithms
 import nn_reference as ref
 
@@ -250,3 +252,27 @@ def test_fine_tuned_heads_match_reference():
                                eval_key=state.eval_key, batch_size=STRUCTURE["batch_size"])
     chex.assert_trees_all_close(jax.tree.map(lambda v: v[i], tuned), expected, rtol=RTOL,
                                 atol=ATOL)
+
+
+@pytest.mark.parametrize("name", ["fedrep", "fedavg-ft", "lg-fedavg", "local"])
+def test_new_clients_adapt_as_the_reference_says(name):
+  """Clients that never trained, tested at an evaluation of `NewClients`: FedRep and
+  FedAvg-FT fit a head from zero on the server's frozen body; LG-FedAvg and local only train
+  their personal leaves from a fresh draw of the initialisation, the shared ones frozen. The
+  training clients' metrics are the algorithm's own evaluation."""
+  data, new = make_data(), make_data(seed=1)
+  algorithm = make(name, ft_epochs=2) if name == "fedavg-ft" else make(name)
+  state = initial_state(algorithm, data)
+  metrics = jax.jit(NewClients(algorithm, epochs=2).evaluate)(
+      state, WithNewClients(train=data, new=new), HP)
+  key = jax.random.fold_in(jax.random.wrap_key_data(state.eval_key), 1)
+  fresh = [params_lib.flatten(MODEL.init(jax.random.split(client_key)[0],
+                                         new.x[i][:1])["params"])
+           for i, client_key in enumerate(jax.random.split(key, new.num_clients))]
+  shared, _ = to_reference(state, data.num_clients)
+  expected = ref.new_clients(name, shared, ref.per_client(new), key, HP, 2,
+                             STRUCTURE["batch_size"], fresh)
+  for metric, value in expected.items():
+    np.testing.assert_allclose(float(metrics[metric]), value, atol=1e-6, err_msg=metric)
+  own = jitted(algorithm, "evaluate")(state, data, HP)
+  assert {k: float(v) for k, v in own.items()} == {k: float(metrics[k]) for k in own}

@@ -30,9 +30,10 @@ VOCAB = 50
 MODELS = [pytest.param(n, marks=pytest.mark.slow) if n == "sent140-lstm" else n
           for n in sorted(INPUTS)]
 # The recipes that build a model, and so take `precision`.
-NEURAL_RECIPES = ("digits-personalized", "fedavg-ft-neural", "flute-table1", "srpfl-neural",
+NEURAL_RECIPES = ("digits-personalized", "fedavg-ft-neural", "fedavg-ft-fig2", "fedavg-ft-fig5",
+                  "flute-table1", "srpfl-neural",
                   "fedrep-table1-cifar10", "fedrep-table1-cifar100", "fedrep-table1-femnist",
-                  "fedrep-table1-sent140", "table1-synthetic")
+                  "fedrep-table1-sent140", "table1-synthetic", "fedrep-fig5", "fedrep-fig6")
 
 
 def _model(name, precision=None, **kw):

@@ -34,7 +34,8 @@ def test_every_registered_algorithm_declares_quick_compile_and_tracked_metric():
 
 def test_the_wrappers_forward_the_inner_algorithms_attributes():
   for inner in (make("linear", "fedrep"), make("neural", "fedrep")):
-    for wrapper in (Padded(inner), fr.Timed(inner, fr.fixed_speeds(6), cohort=3)):
+    for wrapper in (Padded(inner), fr.Timed(inner, fr.fixed_speeds(6), cohort=3),
+                    fr.NewClients(inner, epochs=2)):
       assert isinstance(wrapper, Algorithm)
       assert wrapper.quick_compile is inner.quick_compile
       assert wrapper.tracked_metric is inner.tracked_metric

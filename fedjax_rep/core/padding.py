@@ -18,6 +18,7 @@ from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import struct
 from fedjax_rep.core.protocols import Checked
+from fedjax_rep.core.wrapper import Wrapper
 
 
 @struct.dataclass
@@ -34,7 +35,7 @@ class PaddedData:
 
 
 @dataclasses.dataclass(frozen=True)
-class Padded:
+class Padded(Wrapper):
   """`inner` (a `MaskedAlgorithm` whose `cohort` is the largest cohort of the padded runs)
   run on `PaddedData`: init on the padded data, rounds on each run's own cohort.
 
@@ -46,16 +47,6 @@ class Padded:
   @property
   def name(self) -> str:
     return self.inner.name
-
-  @property
-  def quick_compile(self) -> bool:
-    """The inner algorithm's (`core.loop.compiler_options`)."""
-    return self.inner.quick_compile
-
-  @property
-  def tracked_metric(self) -> str | None:
-    """The inner algorithm's (the loop's blow-up bound)."""
-    return self.inner.tracked_metric
 
   def check(self, data: PaddedData, hparams) -> None:
     """The checks of a run, before anything compiles (`core.checks`): 1 <= cohort <= active

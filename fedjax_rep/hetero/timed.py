@@ -25,6 +25,7 @@ from fedjax_rep.core import checks
 from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import struct
 from fedjax_rep.core.protocols import Checked, Evaluated, MaskedAlgorithm
+from fedjax_rep.core.wrapper import Wrapper
 from fedjax_rep.hetero import clock, schedule, speeds as speeds_lib
 from fedjax_rep.hetero.speeds import SpeedModel
 
@@ -58,7 +59,7 @@ class TimedState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Timed:
+class Timed(Wrapper):
   """`inner` on a clock: every round samples a cohort of `cohort` (N) clients and keeps the
   fastest hparams.participants[t] of those that report (see the module docstring)."""
   inner: Any
@@ -66,16 +67,6 @@ class Timed:
   cohort: int
   local_updates: int = 1
   name: str = "timed"
-
-  @property
-  def quick_compile(self) -> bool:
-    """The inner algorithm's (`core.loop.compiler_options`)."""
-    return self.inner.quick_compile
-
-  @property
-  def tracked_metric(self) -> str | None:
-    """The inner algorithm's (the loop's blow-up bound)."""
-    return self.inner.tracked_metric
 
   def __post_init__(self):
     if not isinstance(self.inner, MaskedAlgorithm):

@@ -277,13 +277,38 @@ class Personalized(ModelSteps):
     return evaluation.evaluate(self, state, data, hparams)
 
   def new_clients(self, state: NNState, data, hparams: NNHparams, key, epochs: int) -> dict:
-    """`evaluation.accuracy_metrics` of new clients (`data`: their own train and test sets)
-    that reuse the learned body (the server's) and fit only a head, from zero, by `epochs`
-    epochs of SGD on their training data (FedRep Fig. 4's question, for neural nets)."""
-    if any(p.startswith("body/") for p in state.personal):
-      raise ValueError(f"{self.name} keeps body parameters personal: there is no learned body "
-                       f"for new clients to reuse")
+    """`evaluation.accuracy_metrics` of new clients (`data`: their own train and test sets;
+    new client i adapts with the i-th key of split(key, n)). The default, for every method
+    whose server holds the whole body: each reuses the learned body (the server's, frozen)
+    and fits only a head, from zero, by `epochs` epochs of SGD on its training data
+    (`head_probe`: FedRep Fig. 6's and FedAvg-FT Fig. 5's test of a representation); for a
+    method whose clients keep their bodies (L2GD, Fed-MTL), the mean of the clients' models
+    trained whole for `epochs` epochs (`mean_model_tuned`). An algorithm that adapts
+    otherwise overrides this method."""
+    if all(p in state.shared for p in state.personal if p.startswith("body/")):
+      adapted = self.head_probe(state, hparams, epochs)
+    else:
+      adapted = self.mean_model_tuned(state, hparams, epochs)
+    return evaluation.new_clients(self, adapted, data, key)
+
+  def mean_model_tuned(self, state: NNState, hparams: NNHparams, epochs: int):
+    """adapted(key, x, y, count) -> flat params (`evaluation.new_clients`): the server's
+    params and the mean over the clients of their personal ones, all trained for `epochs`
+    epochs of SGD on the model's loss."""
+    start = {**state.shared, **{p: jnp.mean(v, axis=0) for p, v in state.personal.items()}}
+    start = {p: v for p, v in start.items() if p.startswith(("body/", "head/"))}
+    return lambda key, x, y, count: self.sgd(self.loss, start, x, y, count, key, hparams,
+                                             epochs)[0]
+
+  def head_probe(self, state: NNState, hparams: NNHparams, epochs: int):
+    """adapted(key, x, y, count) -> flat params (`evaluation.new_clients`): the server's body
+    with a head trained from zero for `epochs` epochs on the frozen body's features."""
     body = {p: v for p, v in state.shared.items() if p.startswith("body/")}
     head = {p: jnp.zeros(v.shape[1:] if p in state.personal else v.shape, v.dtype)
             for p, v in {**state.shared, **state.personal}.items() if p.startswith("head/")}
-    return evaluation.new_clients(self, body, head, data, hparams, key, epochs)
+
+    def adapted(key, x, y, count):
+      return params_lib.merge(body, self.train_head(body, head, x, y, count, key, hparams,
+                                                    epochs)[0])
+
+    return adapted

@@ -5,7 +5,6 @@ own validation split where the data have one), and the metrics over the clients
 import jax
 import jax.numpy as jnp
 
-from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn import sharded
 from fedjax_rep.nn import train
 
@@ -46,15 +45,14 @@ def evaluate(algorithm, state, data, hparams) -> dict:
   return metrics
 
 
-def new_clients(algorithm, body: dict, head: dict, data, hparams, key, epochs: int) -> dict:
-  """`accuracy_metrics` of new clients (`data`: their own train and test sets) that keep
-  `body` (flat 'body/...' params) and fit a head from `head` by `epochs` epochs of SGD on
-  their training data (new client i with the i-th of split(key, n))."""
+def new_clients(algorithm, adapted, data, key) -> dict:
+  """`accuracy_metrics` of new clients (`data`: their own train and test sets), each tested
+  with the params adapted(client_key, x, y, count) gives it (flat params adapted to its
+  training data x [m, ...], y [m], count; new client i with the i-th of split(key, n))."""
   keys = jax.random.split(key, data.num_clients)
 
   def client(client_key, x, y, count, x_test, y_test, test_count):
-    new_head, _ = algorithm.train_head(body, head, x, y, count, client_key, hparams, epochs)
-    logits = algorithm.logits(params_lib.merge(body, new_head), x_test)
+    logits = algorithm.logits(adapted(client_key, x, y, count), x_test)
     return train.tested(logits, y_test, test_count)
 
   return accuracy_metrics(*data.map_clients(client, keys, jnp.arange(data.num_clients),

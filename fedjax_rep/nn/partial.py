@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core import struct
+from fedjax_rep.nn import evaluation
 from fedjax_rep.nn import params as params_lib
 from fedjax_rep.nn.algorithm import Personalized
 from fedjax_rep.nn import conventions
@@ -175,6 +176,43 @@ class PartialSharing(Personalized):
     member = self.choices(params_lib.merge(shared, personal), hparams)
     flat = self.model_params(shared, personal, member)
     return self.fine_tuned(flat, x, y, count, key, hparams, self.ft_epochs)
+
+  def new_clients(self, state, data, hparams, key, epochs: int) -> dict:
+    """New clients adapt what the setting personalises: where the server averages the whole
+    body (FedRep, FedPer, FedAvg with or without FT), a head from zero on the frozen body
+    (`head_probe`); where a client keeps body leaves (LG-FedAvg, local only), its personal
+    leaves, drawn afresh from the model's initialisation (heads from zero), trained for
+    `epochs` epochs with the shared ones (the server's) frozen (`personal_adapted`).
+    Traced, each member's own choice (both computed, one selected)."""
+    one = params_lib.merge(state.shared, {p: v[0] for p, v in state.personal.items()})
+    member = self.choices(one, hparams)
+    body = [p for p in member.shared if p.startswith("body/")]
+    body_personal = any(not member.shared[p] for p in body) if not self.traced else (
+        ~jnp.all(jnp.stack([member.shared[p] for p in body])))
+    if body_personal is False:
+      return super().new_clients(state, data, hparams, key, epochs)
+    personal = self.personal_adapted(state, member, hparams, epochs)
+    if body_personal is True:
+      return evaluation.new_clients(self, personal, data, key)
+    probe = self.head_probe(state, hparams, epochs)
+    return evaluation.new_clients(self, lambda *args: select(body_personal, personal(*args),
+                                                             probe(*args)), data, key)
+
+  def personal_adapted(self, state, member: Member, hparams, epochs: int):
+    """adapted(key, x, y, count) -> flat params (`evaluation.new_clients`): the server's
+    shared leaves (frozen) and the member's personal ones, from a fresh draw of the model's
+    initialisation (heads from zero), trained for `epochs` epochs on the model's loss."""
+    def adapted(key, x, y, count):
+      key_init, key_train = jax.random.split(key)
+      fresh = params_lib.flatten(self.model.init(key_init, x[:1])["params"])
+      start = {p: select(member.shared[p], state.shared.get(p, v),
+                         jnp.zeros_like(v) if p.startswith("head/") else v)
+               for p, v in fresh.items()}
+      trainable = {p: ~s if self.traced else not s for p, s in member.shared.items()}
+      return self.train_part(start, trainable, x, y, count, key_train, hparams, epochs,
+                             None)[0]
+
+    return adapted
 
 
 @dataclasses.dataclass(frozen=True)

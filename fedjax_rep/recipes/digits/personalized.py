@@ -16,64 +16,23 @@ dataset=...` any registered dataset (`data.datasets`: a --plugin file's too), wi
 
 import dataclasses
 
-from fedjax_rep.data import datasets, federated
-from fedjax_rep.data import partition as partition_lib
-from fedjax_rep.nn import models
-from fedjax_rep.experiments import config as cfg
+from fedjax_rep.data import datasets, new_clients
 from fedjax_rep.experiments import labels
 from fedjax_rep.recipes.kit import neural
+from fedjax_rep.recipes.kit import partitioned
 from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments.recipe_registry import Recipe, register
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(neural.Training):
-  dataset: str = neural.dataset("digits")
-  num_clients: int = cfg.num_clients(50)
-  partition: str = neural.partition()
-  classes_per_client: int = neural.classes_per_client(2)
-  dirichlet_alpha: float = neural.dirichlet_alpha()
-  lr: float = cfg.lr(0.05, "step size of local SGD")
-  model: str | None = cfg.setting(None, cfg.Check(str, choices=tuple(models.MODELS),
-                                                   optional=True, auto="the dataset's"),
-                                   "the network (e.g. digits-cnn on digits)")
+class Config(partitioned.Partitioned):
   algorithms: tuple = neural.algorithms()
-
-  def check(self):
-    """The dataset's files must be there and the partition possible on it (checked on the
-    labels: no training)."""
-    neural.check_dataset(self.dataset)
-    _, y, _, y_test = datasets.arrays(self.dataset, self.seed)
-    try:
-      partition_lib.partition(self.partition, y, y_test, num_clients=self.num_clients,
-                              seed=self.seed, classes_per_client=self.classes_per_client,
-                              dirichlet_alpha=self.dirichlet_alpha)
-    except ValueError as error:
-      raise cfg.ConfigError(f"{error} ({self.dataset} has {len(y)} training samples, "
-                            f"{datasets.lookup(self.dataset).num_classes} classes)") from None
-
-
-def data(config: Config, seed_values):
-  """The clients of every seed (the seed draws the partition, and the split of a seeded
-  dataset such as digits), with config's validation split, stacked along a leading seed
-  axis (`neural.stacked_datasets`)."""
-  pooled = datasets.by_seed(config.dataset, config.seed)
-
-  def dataset(run):
-    x, y, x_test, y_test = pooled(run["seed"])
-    parts, test_parts = partition_lib.partition(
-        config.partition, y, y_test, num_clients=config.num_clients, seed=run["seed"],
-        classes_per_client=config.classes_per_client, dirichlet_alpha=config.dirichlet_alpha)
-    return federated.client_datasets(x, y, parts, x_test, y_test, test_parts,
-                                     datasets.lookup(config.dataset).num_classes)
-
-  return neural.stacked_datasets(config, [{"seed": s} for s in seed_values], dataset)
 
 
 def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   seed_values = config.seed_values(seeds)
-  clients = data(config, seed_values)
+  clients = partitioned.data(config, seed_values)
   model = neural.dataset_model(config.dataset, clients.input_spec(runs=1).shape,
                                config.precision, config.model)
   rows = []
@@ -87,16 +46,25 @@ def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
 
 
 def plot(rows, config: Config, file) -> None:
-  fig, (acc, loss) = plotting.figure(2, width=5.2, height=3.8)
+  held = bool(config.new_clients)
+  fig, (acc, loss, *new) = plotting.figure(3 if held else 2, width=5.2, height=3.8)
   for name in config.algorithms:
     plotting.line(acc, rows, "round", "test_accuracy", labels.label(name), algorithm=name)
     plotting.line(loss, rows, "round", "train_loss", labels.label(name), algorithm=name)
-  acc.set(xlabel="communication round", ylabel="test accuracy (mean over clients)")
+    if held:
+      plotting.line(new[0], rows, "round", "new_accuracy", labels.label(name), algorithm=name)
+  acc.set(xlabel="communication round", ylabel="test accuracy (mean over "
+          + ("training clients)" if held else "clients)"))
   loss.set(xlabel="communication round", ylabel="local training loss", yscale="log")
+  if held:
+    new[0].set(xlabel="communication round",
+               ylabel=f"new clients' accuracy after {config.new_epochs} epochs")
   split = (f"{config.classes_per_client} class shards/client" if config.partition == "classes"
            else f"Dir({config.dirichlet_alpha})" if config.partition == "dirichlet" else "iid")
   model = config.model or datasets.lookup(config.dataset).model or "its model by input shape"
-  fig.suptitle(f"{config.dataset}, {model}: n={config.num_clients}, {split}, "
+  new_text = (f", {new_clients.count(config.new_clients, config.num_clients)} of them new"
+              if held else "")
+  fig.suptitle(f"{config.dataset}, {model}: n={config.num_clients}{new_text}, {split}, "
                f"r={config.participation}, {config.head_epochs}+{config.local_epochs} epochs"
                f"{neural.options_text(config)}")
   plotting.save(fig, file)

@@ -9,7 +9,7 @@ updates. Each client is tested on its own (seen-class) test samples with the glo
 Fig. 4: the class-by-class mean cosine similarity of the final body's features on the test
 split, all 10 classes (`representation`), and its gap (mean diagonal minus mean
 off-diagonal) within the seen and within the unseen classes. Fig. 5 left: per seed,
-`new_clients` clients get k training samples of every unseen class (a larger k extends a
+`unseen_clients` new clients get k training samples of every unseen class (a larger k extends a
 smaller one's), fit a head from zero on the frozen final body (`finetune_epochs` of SGD)
 and are tested on the unseen classes; accuracy vs k. Both final models are analysed by one
 program (an algorithm axis). Choices: docs/papers/fedavg_ft.md.
@@ -18,64 +18,37 @@ program (an algorithm axis). Choices: docs/papers/fedavg_ft.md.
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core import loop
 from fedjax_rep.core import tree
-from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import digits, federated
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.nn import models, representation
-from fedjax_rep.nn import params as params_lib
-from fedjax_rep.nn import algorithms as nn_algorithms
-from fedjax_rep.nn.algorithm import NNState
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
+from fedjax_rep.recipes.fedavg_ft import compared
+from fedjax_rep.recipes.fedavg_ft.compared import COMPARED, local_steps
 from fedjax_rep.recipes.kit import neural
-from fedjax_rep.recipes.kit import summaries
 from fedjax_rep.experiments import plotting
 from fedjax_rep.recipes.kit import shared
 from fedjax_rep.experiments.recipe_registry import Recipe, register
 
-COMPARED = ("d-sgd", "fedavg-steps")  # the algorithms, in this order
-
-
-def local_steps(name: str, config) -> int:
-  """Local steps per round of algorithm `name`: 1 for D-SGD, tau for FedAvg."""
-  return 1 if name == "d-sgd" else config.local_steps
-
 
 @dataclasses.dataclass(frozen=True)
-class Config(cfg.Config):
-  UNSHARDED = "FedAvg-FT's neural runs (D-SGD and FedAvg, one program)"
-  num_clients: int = cfg.num_clients(30)
+class Config(compared.Training):
+  """The training of `compared.Training` (30 clients) on the seen classes, and the new
+  clients of the unseen ones."""
   dirichlet_alpha: float = neural.dirichlet_alpha(0.6)
   unseen_classes: int = cfg.positive_int("classes held out of training (the last ones): "
                                          "the new clients' classes", 2, low=2)
   model: str = cfg.choice("the network", "digits-mlp", ("digits-mlp", "digits-cnn"))
-  local_steps: int = cfg.positive_int("FedAvg's local SGD steps tau per round (D-SGD: one "
-                                      "step a round, tau times the rounds)", 20)
-  rounds: int = cfg.positive_int("FedAvg's communication rounds T (D-SGD runs tau T)", 100)
-  participation: float = cfg.participation(0.2)
-  batch_size: int = neural.batch_size()
-  lr: float = cfg.lr(0.05, "step size of local SGD (training and fine-tuning)")
-  momentum: float = neural.momentum(0.0)
-  weight_decay: float = neural.weight_decay()
-  eval_every: int = neural.eval_every(10)
-  validation_fraction: float = neural.validation_fraction()
-  client_group: int = neural.client_group()
-  precision: str = neural.precision()
   finetune_samples: tuple = cfg.positive_int(
       "training samples k of each unseen class per new client (x-axis)", (1, 2, 5, 10, 20),
       sequence=True)
   finetune_epochs: int = cfg.positive_int("epochs of SGD on the new clients' heads", 50)
-  new_clients: int = cfg.positive_int("new clients per seed", 5)
-  seed: int = cfg.seed()
-
-  def record(self, swept: cfg.Sweep) -> dict:
-    """What config.json records of the precision (`neural.precision_record`)."""
-    return neural.precision_record(self, swept)
+  unseen_clients: int = cfg.positive_int("new clients per seed holding the unseen classes "
+                                         "(Fig. 5 left)", 5)
 
   def check(self):
     """The split must be possible on digits (checked on the labels: no training)."""
@@ -100,7 +73,7 @@ def seed_data(config: Config, seed: int):
   """(training clients, probe set, new clients) of one seed: the seen classes split over
   config.num_clients clients (Dirichlet; `run` adds the validation split); the digits test
   split x [T, 8, 8, 1], y [T] (every class); ClientDatasets [K, J, ...] of J =
-  config.new_clients new clients for each k of config.finetune_samples: k samples of each
+  config.unseen_clients new clients for each k of config.finetune_samples: k samples of each
   unseen class (client j's first k of its own shuffle of every class), all padded to u *
   max k rows, each tested on every test sample of the unseen classes."""
   x, y, x_test, y_test = digits.load(seed)
@@ -112,12 +85,12 @@ def seed_data(config: Config, seed: int):
       test_parts, digits.NUM_CLASSES)
   rng = np.random.default_rng([seed, 1])  # apart from the partition's stream
   shuffles = [[rng.permutation(np.flatnonzero(y == c)) for c in range(seen, digits.NUM_CLASSES)]
-              for _ in range(config.new_clients)]
+              for _ in range(config.unseen_clients)]
   unseen_test = np.flatnonzero(y_test >= seen)
   size = config.unseen_classes * max(config.finetune_samples)
   new = tree.stack([federated.client_datasets(
       x, y, [np.concatenate([s[:k] for s in own]) for own in shuffles], x_test, y_test,
-      [unseen_test] * config.new_clients, digits.NUM_CLASSES, size=size)
+      [unseen_test] * config.unseen_clients, digits.NUM_CLASSES, size=size)
       for k in config.finetune_samples])
   return clients, (x_test, y_test), new
 
@@ -138,9 +111,7 @@ def analyse(algorithm, model, probe_x, probe_y, new, hparams, keys, *, seen: int
     body = {p: v for p, v in model.items() if p.startswith("body/")}
     similarity = representation.class_cosine_similarity(algorithm.features(body, x), y,
                                                         num_classes)
-    state = NNState(shared=model, personal={},  # FedAvg: nothing personal
-                    eval_key=jax.random.key_data(key),  # not used by new_clients
-                    server={}, round=jnp.zeros((), jnp.int32))
+    state = compared.final_state(model, key)  # FedAvg: nothing personal
     fine_tuned = jax.vmap(lambda d: algorithm.new_clients(state, d, hparams, key, epochs))(new)
     return {"similarity": similarity,
             "gap_seen": representation.similarity_gap(similarity[:seen, :seen]),
@@ -163,31 +134,11 @@ def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:
   new = tree.stack([per_seed[s][2] for s in seed_values])
   probe_x, probe_y = tree.stack([per_seed[s][1] for s in seed_values])
   model = models.make_model(config.model, digits.NUM_CLASSES, precision=config.precision)
-  cohort = cohort_size(config.num_clients, config.participation)
   keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data
   combos = grid or [{}]
   settings = [neural.hparams(cfg.apply(config, combo)) for combo in combos]
-  rows, finals, trained_metrics = [], [], []
-  for name in COMPARED:
-    steps = local_steps(name, config)
-    algorithm = nn_algorithms.make_algorithm(
-        name, model=model, cohort=cohort, batch_size=config.batch_size,
-        client_group=config.client_group, local_steps=config.local_steps)  # d-sgd: 1 step
-    # D-SGD runs tau times the rounds, evaluated at FedAvg's numbers of local updates.
-    scale = config.local_steps // steps
-    results = batch.train(
-        name, algorithm, clients, settings, shared.run_keys(keys), config.rounds * scale,
-        eval_every=config.eval_every * scale,
-        keep=lambda state: {"model": params_lib.unflatten(state.shared)},
-        members=[shared.members(name, seed_values, local_steps=steps, **combo)
-                 for combo in combos])
-    for combo, result in zip(combos, results):
-      algorithm_rows = summaries.rows(name, seed_values, result, local_steps=steps, **combo)
-      for r in algorithm_rows:
-        r["local_updates"] = r["round"] * steps
-      rows += algorithm_rows
-    finals.append([params_lib.flatten(result["model"]) for result in results])
-    trained_metrics.append([result["metrics"] for result in results])
+  rows, finals, trained_metrics, algorithm = compared.train(config, clients, model, settings,
+                                                            keys, combos, batch)
   seen = digits.NUM_CLASSES - config.unseen_classes
   for c, (combo, hparams) in enumerate(zip(combos, settings)):
     # One program for both final models: the last algorithm's structure serves both.
@@ -213,9 +164,8 @@ def analysis_rows(analysis: dict, seed_values: list[int], config: Config,
   for a, name in enumerate(COMPARED):
     steps = local_steps(name, config)
     for s, seed_value in enumerate(seed_values):
-      final_round = config.rounds * config.local_steps // steps
-      base = {"algorithm": name, "seed": seed_value, "round": final_round,
-              "local_steps": steps, **columns}
+      base = {"algorithm": name, "seed": seed_value,
+              "round": compared.final_round(name, config), "local_steps": steps, **columns}
       matrix = analysis["similarity"][a, s]
       rows += [{**base, "class_a": i, "class_b": j, "cosine_similarity": float(matrix[i, j])}
                for i in range(matrix.shape[0]) for j in range(matrix.shape[1])]
@@ -238,14 +188,19 @@ def summarize(rows, config: Config) -> list[dict]:
   """Per algorithm and k: the new clients' accuracy (mean over the seeds whose run did not
   diverge, `seeds` of them, and its std over them), beside the algorithm's final test
   accuracy on the training clients and its similarity gaps (means over those seeds);
-  `diverged`: how many seeds were left out because their run diverged (all: NaN)."""
+  `diverged`: how many seeds were left out because their run diverged (all: NaN). With
+  held-out clients (`new_clients`), also their final accuracy and participation_gap (the
+  final test accuracy less it)."""
   table = []
   for name in COMPARED:
     diverged = {r["seed"] for r in rows if r["algorithm"] == name and r.get("diverged_round")}
     kept = [r for r in rows if r["algorithm"] == name and r["seed"] not in diverged]
     final_round = max(r["round"] for r in rows if r["algorithm"] == name)
-    test = [r["test_accuracy"] for r in kept
-            if r["round"] == final_round and r.get("test_accuracy") is not None]
+    final = lambda key: [r[key] for r in kept
+                         if r["round"] == final_round and r.get(key) is not None]
+    test, new = final("test_accuracy"), final("new_accuracy")
+    held = {"final_new_accuracy": float(np.mean(new)),
+            "participation_gap": float(np.mean(test) - np.mean(new))} if new and test else {}
     for k in config.finetune_samples:
       accuracy = [r["new_client_accuracy"] for r in kept if r.get("finetune_samples") == k]
       table.append({"algorithm": name, "finetune_samples": k,
@@ -253,7 +208,7 @@ def summarize(rows, config: Config) -> list[dict]:
                     "new_client_accuracy_std_over_seeds": float(np.std(accuracy)) if accuracy
                     else np.nan,
                     "seeds": len(accuracy), "diverged": len(diverged),
-                    "final_test_accuracy": float(np.mean(test)) if test else np.nan,
+                    "final_test_accuracy": float(np.mean(test)) if test else np.nan, **held,
                     "similarity_gap_seen": column_mean(kept, name, "similarity_gap_seen"),
                     "similarity_gap_unseen": column_mean(kept, name,
                                                          "similarity_gap_unseen")})

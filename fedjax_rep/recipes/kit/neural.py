@@ -12,6 +12,7 @@ import numpy as np
 from fedjax_rep.core.cohort import cohort_size
 from fedjax_rep.data import datasets as datasets_lib
 from fedjax_rep.data import federated
+from fedjax_rep.data import new_clients as new_clients_lib
 from fedjax_rep.data import partition as partition_lib
 from fedjax_rep.data import validation
 from fedjax_rep.nn import contract as nn_contract
@@ -19,6 +20,7 @@ from fedjax_rep.nn import conventions as conventions_lib
 from fedjax_rep.nn import cost as cost_lib
 from fedjax_rep.nn import hparams as hparams_lib
 from fedjax_rep.nn import models
+from fedjax_rep.nn import new_clients as nn_new_clients
 from fedjax_rep.nn import program as program_lib
 from fedjax_rep.nn import algorithms as nn_algorithms
 from fedjax_rep.nn import sharded as nn_sharded
@@ -101,6 +103,19 @@ def validation_fraction(default=0.0):
                      "round by it and --select the grid's combination")
 
 
+def new_clients(default=0.0):
+  return cfg.nonnegative_float("clients held out of training, chosen by the seed: a fraction "
+                               "in [0, 1) of them or a whole number; each evaluation also "
+                               "tests them after `new_epochs` epochs of adaptation "
+                               "(new_accuracy; docs/neural.md says how each method adapts)",
+                               default)
+
+
+def new_epochs(default=10):
+  return cfg.positive_int("epochs each new client adapts on its own training split before "
+                          "it is tested (new_clients)", default)
+
+
 def client_group(default=10):
   return cfg.positive_int("clients trained together in one vmap (groups run one after "
                           "another: memory vs speed)", default)
@@ -163,6 +178,8 @@ class Training(cfg.Config):
   eval_every: int = eval_every()
   eval_clients: str = eval_clients()
   validation_fraction: float = validation_fraction()
+  new_clients: float = new_clients()
+  new_epochs: int = new_epochs()
   summary: str = summary_statistic()
   seed: int = cfg.seed()
   client_group: int = client_group()
@@ -248,9 +265,46 @@ def stacked_datasets(config, runs: list[dict], dataset):
   'seed' among them), each with config's per-client validation split (`data.validation.split`
   of config.validation_fraction, drawn from run['seed']; none where the fraction is 0) and
   laid out for config's devices (`placement.laid_out`), stacked along a leading run axis
-  (`federated.stack`: x [runs, n, ...])."""
-  return federated.stack([placement.laid_out(validation.split(
-      dataset(run), config.validation_fraction, run["seed"]), config) for run in runs])
+  (`federated.stack`: x [runs, n, ...]). With config.new_clients, a `WithNewClients`: the
+  new clients of each run (`data.new_clients.split`, chosen by run['seed']) held out before
+  the validation split, stacked apart, the training clients as above."""
+  prepared = lambda data, seed: placement.laid_out(
+      validation.split(data, config.validation_fraction, seed), config)
+  if not config.new_clients:
+    return federated.stack([prepared(dataset(run), run["seed"]) for run in runs])
+  parts = []
+  for run in runs:
+    data = dataset(run)
+    try:
+      count = new_clients_lib.count(config.new_clients, data.num_clients)
+    except ValueError as error:
+      raise cfg.ConfigError(str(error)) from None
+    parts.append(new_clients_lib.split(data, count, run["seed"]))
+  return nn_new_clients.WithNewClients(
+      train=federated.stack([prepared(train, run["seed"]) for (train, _), run in
+                             zip(parts, runs)]),
+      new=federated.stack([new for _, new in parts]))
+
+
+def training_clients(data):
+  """The clients that train of a recipe's `data` (`stacked_datasets`): all of them, or a
+  `WithNewClients`' training clients."""
+  return data.train if isinstance(data, nn_new_clients.WithNewClients) else data
+
+
+def training_count(config, num_clients: int) -> int:
+  """How many of a run's num_clients clients train (the cohort is a share of these): all
+  but config's new clients (`data.new_clients.count`)."""
+  return num_clients - new_clients_lib.count(config.new_clients, num_clients)
+
+
+def with_new_clients(program, config, data):
+  """`program` as it runs on `data`: where data hold new clients (`WithNewClients`), it
+  trains on the others and each evaluation tests the new clients after config.new_epochs
+  epochs of adaptation (`nn.new_clients.NewClients`)."""
+  if isinstance(data, nn_new_clients.WithNewClients):
+    return nn_new_clients.NewClients(program, config.new_epochs)
+  return program
 
 
 def check_dataset(name: str, files: bool = True) -> None:
@@ -315,19 +369,24 @@ def trained(batch, unit_name, name, config, model, data, keys, num_clients, grid
   algorithm itself, flops_per_round at config's values, a cached unit). Run by the
   program that it shares with the others of config.algorithms (`nn.program`), when there
   are any (one compilation for all of them), with the flags of config's conventions that
-  the program takes. `runs`: the metrics.csv columns of each run of `data` (seed,
-  settings), with which the tracker logs them as they compute."""
+  the program takes; where data hold new clients (`with_new_clients`), num_clients counts
+  them too and the algorithm's cohort is a share of the others. `runs`: the metrics.csv
+  columns of each run of `data` (seed, settings), with which the tracker logs them as they
+  compute."""
   members = [[{"algorithm": name, **run, **combination} for run in runs]
              for combination in grid or [{}]] if runs else None
+  training = training_clients(data)
+  num_clients = training_count(config, num_clients)
   peers = [algorithm(n, config, model, num_clients) for n in config.algorithms]
   own = algorithm(name, config, model, num_clients)
   settings = [cfg.apply(config, combination) for combination in grid or [{}]]
   programs = [shared_program(s, own, hparams(s), peers, data) for s in settings]
-  results = batch.train(unit_name, programs[0][0], data, [h for _, h in programs], keys,
-                        config.rounds, eval_every=config.eval_every, members=members)
+  results = batch.train(unit_name, with_new_clients(programs[0][0], config, data), data,
+                        [h for _, h in programs], keys, config.rounds,
+                        eval_every=config.eval_every, members=members)
   flops = batch.unit(f"{unit_name}-flops", lambda: {"flops_per_round": np.float64(
-      cost_lib.round_flops(own, data, hparams(config)))})["flops_per_round"]
-  return [{**result, "cost": {**cost_lib.communication(own, data, hparams(s)),
+      cost_lib.round_flops(own, training, hparams(config)))})["flops_per_round"]
+  return [{**result, "cost": {**cost_lib.communication(own, training, hparams(s)),
                               "flops_per_round": float(flops)}}
           for result, s in zip(results, settings)]
 

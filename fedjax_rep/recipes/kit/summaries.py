@@ -42,22 +42,27 @@ def run_statistic(accuracies: list[float], statistic: str) -> float:
 
 def seed_statistics(evaluations: list[tuple], statistic: str) -> dict:
   """A run's statistics from its evaluations [(round, test accuracy, validation accuracy or
-  None), ...] in round order: `test` and, with a validation split, `val`: `run_statistic` of
-  each, except that `best` with a validation split takes the evaluation of the best
-  validation accuracy (the first of equals) and reports the test accuracy there; and
-  `rounds_to_95`, the first evaluated round whose accuracy (validation where split) reaches
-  95% of that statistic (NaN where none does)."""
-  rounds = [t for t, _, _ in evaluations]
-  tests = np.array([a for _, a, _ in evaluations], float)
-  vals = np.array([np.nan if v is None else v for _, _, v in evaluations], float)
-  split = bool(np.isfinite(vals).any())
+  None, new clients' accuracy or None), ...] in round order: `test` and, with a validation
+  split, `val`, with new clients `new`: `run_statistic` of each, except that `best` with a
+  validation split takes the evaluation of the best validation accuracy (the first of
+  equals) and reports the test (and new) accuracy there; and `rounds_to_95`, the first
+  evaluated round whose accuracy (validation where split) reaches 95% of that statistic
+  (NaN where none does)."""
+  rounds = [t for t, _, _, _ in evaluations]
+  column = lambda i: np.array([np.nan if e[i] is None else e[i] for e in evaluations], float)
+  tests, vals, news = column(1), column(2), column(3)
+  split, held = bool(np.isfinite(vals).any()), bool(np.isfinite(news).any())
   if statistic == "best" and split:
     best = int(np.nanargmax(vals))
     out = {"test": float(tests[best]), "val": float(vals[best])}
+    if held:
+      out["new"] = float(news[best])
   else:
     out = {"test": run_statistic(list(tests), statistic)}
     if split:
       out["val"] = run_statistic(list(vals), statistic)
+    if held:
+      out["new"] = run_statistic(list(news), statistic)
   curve, final = (vals, out["val"]) if split else (tests, out["test"])
   reached = np.flatnonzero(curve >= ROUNDS_TO_FRACTION * final)
   out["rounds_to_95"] = float(rounds[reached[0]]) if reached.size else float("nan")
@@ -70,12 +75,14 @@ def summary(metrics_rows, algorithms_order, statistic: str = "last10"):
   last 10 evaluations, as the papers report; NaN where every run diverged); with a
   validation split (val_accuracy in the rows) the same of its validation accuracies
   (val_accuracy, val_accuracy_std_over_seeds), and `best` then picks each run's round by
-  validation. `statistic` says which (`statistic_text`), `last_evaluations` how many
-  evaluations it was taken over (the fewest of any seed; 0 where none was), `seeds` how
-  many seeds were averaged, `diverged` how many were left out because their run diverged
-  (a `diverged_round` in its rows), `rounds_to_95` the mean over seeds of the first round
-  reaching 95% of the statistic, and the cost columns of its rows (COST) where they have
-  them."""
+  validation; with new clients (new_accuracy in the rows) the same of theirs (new_accuracy,
+  new_accuracy_std_over_seeds) and participation_gap = test_accuracy - new_accuracy (the
+  training clients' accuracy less the new clients'). `statistic` says which
+  (`statistic_text`), `last_evaluations` how many evaluations it was taken over (the fewest
+  of any seed; 0 where none was), `seeds` how many seeds were averaged, `diverged` how
+  many were left out because their run diverged (a `diverged_round` in its rows),
+  `rounds_to_95` the mean over seeds of the first round reaching 95% of the statistic, and
+  the cost columns of its rows (COST) where they have them."""
   table = []
   nan = float("nan")
   for name in algorithms_order:
@@ -88,19 +95,22 @@ def summary(metrics_rows, algorithms_order, statistic: str = "last10"):
         diverged.add(r["seed"])
       elif r.get("test_accuracy") is not None:
         per_seed.setdefault(r["seed"], []).append(
-            (r["round"], r["test_accuracy"], r.get("val_accuracy")))
+            (r["round"], r["test_accuracy"], r.get("val_accuracy"), r.get("new_accuracy")))
     finals = [seed_statistics(sorted(v, key=lambda e: e[0]), statistic)
               for v in per_seed.values()]
     evaluations = min(map(len, per_seed.values()), default=0)
     mean = lambda key: float(np.mean([f[key] for f in finals])) if finals else nan
     std = lambda key: float(np.std([f[key] for f in finals])) if finals else nan
     split = bool(finals) and all("val" in f for f in finals)
+    held = bool(finals) and all("new" in f for f in finals)
     text = statistic_text(statistic, evaluations)
     table.append({"algorithm": name,
                   "test_accuracy": mean("test"),
                   "test_accuracy_std_over_seeds": std("test"),
                   **({"val_accuracy": mean("val"), "val_accuracy_std_over_seeds": std("val")}
                      if split else {}),
+                  **({"new_accuracy": mean("new"), "new_accuracy_std_over_seeds": std("new"),
+                      "participation_gap": mean("test") - mean("new")} if held else {}),
                   "statistic": (f"test at the best validation of {evaluations} evaluations"
                                 if split and statistic == "best" else text),
                   "seeds": len(finals), "diverged": len(diverged),

@@ -151,7 +151,7 @@ def run_setting(config: Config, clients, seed_values, batch, *, speed: str,
   per timed neural algorithm, its schedules x combinations on every seed by `batch` (units
   '<timed algorithm>-<speed>-r<participation>')."""
   s = setting(config)
-  num_clients = s["num_clients"]
+  num_clients = neural.training_count(config, s["num_clients"])
   cohort = cohort_size(num_clients, participation)
   n0 = max(1, round(config.n0_fraction * cohort))
   schedules = {True: timed.srpfl_participants(cohort, n0, config.rounds, config.stage_rounds),
@@ -178,7 +178,8 @@ def run_setting(config: Config, clients, seed_values, batch, *, speed: str,
              if TIMED[name][0] == inner]
     programs = [neural.shared_program(config, inners[inner], each, list(inners.values()),
                                       clients) for each in inner_hparams]
-    algorithm = timed.EvaluatedTimed(programs[0][0], sc.speed_model(speed, num_clients),
+    algorithm = timed.EvaluatedTimed(neural.with_new_clients(programs[0][0], config, clients),
+                                     sc.speed_model(speed, num_clients),
                                      cohort=cohort, name=f"timed-{programs[0][0].name}")
     unit_name = f"{inner}-{speed}-r{participation:g}"
     trained = batch.train(
