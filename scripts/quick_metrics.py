@@ -112,17 +112,20 @@ def main() -> int:
   with open(os.path.join(args.compare, "compiles.json")) as f:
     compiled_before = json.load(f)
   print(f"{'recipe':24s} {'compiles':>9s} {'before':>7s}  metrics.csv")
+  texts = {}
   for name in hashes:
-    same = before.get(name) == hashes[name]
-    text = "identical" if same else largest_difference(
-        os.path.join(args.compare, name, "metrics.csv"),
-        os.path.join(args.out, name, "metrics.csv"))
-    print(f"{name:24s} {compiles[name]:9d} {compiled_before.get(name, -1):7d}  {text}")
-  differ = sorted(name for name in hashes if before.get(name) != hashes[name] and not
-                  largest_difference(os.path.join(args.compare, name, "metrics.csv"),
-                                     os.path.join(args.out, name, "metrics.csv")
-                                     ).startswith("identical on its columns"))
-  print(f"{len(hashes)} recipes, {len(differ)} differ from {args.compare}: "
+    if name not in before:
+      texts[name] = "new (not in the earlier run)"
+    elif before[name] == hashes[name]:
+      texts[name] = "identical"
+    else:
+      texts[name] = largest_difference(os.path.join(args.compare, name, "metrics.csv"),
+                                       os.path.join(args.out, name, "metrics.csv"))
+    print(f"{name:24s} {compiles[name]:9d} {compiled_before.get(name, -1):7d}  {texts[name]}")
+  differ = sorted(name for name, text in texts.items()
+                  if not text.startswith(("identical", "new")))
+  new = sorted(name for name, text in texts.items() if text.startswith("new"))
+  print(f"{len(hashes)} recipes ({len(new)} new), {len(differ)} differ from {args.compare}: "
         f"{', '.join(differ) or '-'}")
   return 1 if differ else 0
 

@@ -51,6 +51,7 @@ def test_bytes_of_a_flat_store_and_of_stacked_runs_are_one_runs():
   assert cost.communication(make("scaffold"), federated.stack([data, data]), HP) == want
 
 
+@pytest.mark.slow  # the fast tier keeps the loop bodies counted by their trip counts (below)
 def test_round_flops_grow_with_local_epochs():
   data = small_data()
   f1, f2, f3 = (cost.round_flops(make("fedavg", local_epochs=e), data, HP) for e in (1, 2, 3))

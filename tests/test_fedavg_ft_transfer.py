@@ -63,6 +63,7 @@ def test_checks_before_any_work():
   assert recipe_registry.resolve("fedavg-ft-fig2").new_dataset == transfer.TRANSFORMED
 
 
+@pytest.mark.slow  # the fast tier keeps test_cka.py's layer CKA of one model and a changed one
 def test_without_fine_tuning_every_layer_is_unchanged():
   """fig2's program with 0 epochs: every layer's CKA is 1, and the new clients' accuracy is
   the global model's on their test samples; with epochs the layers move, the first least

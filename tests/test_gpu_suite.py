@@ -93,6 +93,7 @@ def test_on_the_cpu_the_group_is_the_project_default(gpu_suite):
     assert gpu_suite.client_group(alg, data, hparams()) == (group, None)
 
 
+@pytest.mark.slow  # the fast tier keeps the suite's other checks of its tables
 def test_on_an_accelerator_the_group_is_what_half_the_free_memory_holds(gpu_suite,
                                                                         monkeypatch):
   monkeypatch.setattr(gpu_suite, "accelerator", lambda: True)

@@ -99,6 +99,7 @@ def two_runs(seeds=3):
   return run
 
 
+@pytest.mark.slow  # the fast tier keeps test_faults' SIGKILL mid-save, resumed byte-identical
 def test_two_runs_of_one_unit_resumed_in_swapped_order_get_their_own_state(
     tmp_path, monkeypatch):
   """A unit runs a then b; stopped inside b (a's last checkpoint, round 40, left beside b's

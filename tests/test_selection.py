@@ -151,3 +151,23 @@ def test_select_writes_one_row_per_algorithm_chosen_on_validation(tmp_path, comp
   with open(out / "config.json") as f:
     assert json.load(f)["select"] == {"confirm_seeds": 1}
   assert os.path.getsize(out / "selection.png") > 0
+
+
+def test_a_choice_at_the_edge_of_the_grid_is_named_and_said():
+  """A value the grid cannot go past is said (selection.csv's at_edge, one stderr line each):
+  with 3 or more numbers only (2 values are always at an edge), never for a value inside."""
+  scores = {"a": (0.9, 0.8, 0.7), "b": (0.5, 0.6, 0.7), "c": (0.5, 0.9, 0.6)}
+  grid = {"lr": (0.05, 0.1, 0.2)}
+  three = [{"algorithm": name, "lr": lr, "grid": f"lr={lr}", "val_accuracy": val,
+            "val_accuracy_std_over_seeds": 0.0, "test_accuracy": 0.5,
+            "test_accuracy_std_over_seeds": 0.0, "statistic": "last evaluation", "seeds": 2}
+           for name, vals in scores.items() for lr, val in zip(grid["lr"], vals)]
+  chosen = {row["algorithm"]: row for row in selection.choose(three, grid)}
+  assert (chosen["a"]["lr"], chosen["a"]["at_edge"]) == (0.05, "lr=0.05, the smallest of "
+                                                               "0.05..0.2")
+  assert (chosen["b"]["lr"], chosen["b"]["at_edge"]) == (0.2, "lr=0.2, the largest of 0.05..0.2")
+  assert (chosen["c"]["lr"], chosen["c"]["at_edge"]) == (0.1, "")
+  assert selection.edge_lines(list(chosen.values()), grid) == [
+      f"fedjax-rep: --select chose {chosen[n]['at_edge']} for algorithm={n}: the best may lie "
+      f"outside the grid; widen it there" for n in ("a", "b")]
+  assert selection.edges({"lr": 0.2}, {"lr": (0.1, 0.2)}) == []  # two values: no edge

@@ -270,6 +270,8 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
     written.append(f"{name}.png")
     if select:
       chosen = selection.choose(entries, grid)
+      for line in selection.edge_lines(chosen, grid):
+        print(line, file=sys.stderr)
       if confirm_seeds:
         chosen = selection.confirmed(chosen, _confirm(recipe, config, seeds, grid, chosen,
                                                       confirm_seeds, batch),

@@ -14,11 +14,11 @@ from fedjax_rep.experiments import plotting
 
 # The columns of a summary entry (`neural.summary`) or of selection.csv that are results,
 # not a setting.
-RESULTS = ("combinations", "confirm_test_accuracy", "confirm_test_accuracy_std_over_seeds",
-           "confirm_seeds", "test_accuracy", "test_accuracy_std_over_seeds", "val_accuracy",
-              "val_accuracy_std_over_seeds", "statistic", "seeds", "diverged",
-              "last_evaluations", "rounds_to_95", "upload_bytes", "download_bytes",
-              "flops_per_round", "paper_test_accuracy")
+RESULTS = ("combinations", "at_edge", "confirm_test_accuracy",
+           "confirm_test_accuracy_std_over_seeds", "confirm_seeds", "test_accuracy",
+           "test_accuracy_std_over_seeds", "val_accuracy", "val_accuracy_std_over_seeds",
+           "statistic", "seeds", "diverged", "last_evaluations", "rounds_to_95",
+           "upload_bytes", "download_bytes", "flops_per_round", "paper_test_accuracy")
 
 
 def check(config, swept: cfg.Sweep, confirm_seeds: int | None) -> None:
@@ -75,8 +75,33 @@ def choose(entries: list[dict], grid: dict) -> list[dict]:
                  "test_accuracy": best["test_accuracy"],
                  "test_accuracy_std_over_seeds": best["test_accuracy_std_over_seeds"],
                  "statistic": best["statistic"], "seeds": best["seeds"],
-                 "combinations": len(group)})
+                 "combinations": len(group),
+                 "at_edge": "; ".join(edges({k: best[k] for k in grid}, grid))})
   return rows
+
+
+def edges(chosen: dict, grid: dict) -> list[str]:
+  """The swept keys whose `chosen` value is the smallest or the largest of the grid's values
+  (numbers, at least 3 of them: with 2, every choice is at an edge), e.g. ["lr=0.1, the
+  largest of 0.01..0.1"]: a search that should go further there."""
+  out = []
+  for key, values in grid.items():
+    numbers = sorted({v for v in values if isinstance(v, (int, float))
+                      and not isinstance(v, bool)})
+    if len(numbers) < 3 or chosen[key] not in (numbers[0], numbers[-1]):
+      continue
+    side = "smallest" if chosen[key] == numbers[0] else "largest"
+    out.append(f"{key}={chosen[key]:g}, the {side} of {numbers[0]:g}..{numbers[-1]:g}")
+  return out
+
+
+def edge_lines(rows: list[dict], grid: dict) -> list[str]:
+  """One line per choice of `rows` (`choose`) at an edge of the grid: what was chosen where,
+  and that the next grid should reach past it."""
+  keys = setting_keys(rows, grid)
+  return [f"fedjax-rep: --select chose {row['at_edge']} for "
+          f"{', '.join(f'{k}={row[k]}' for k in keys)}: the best may lie outside the grid; "
+          f"widen it there" for row in rows if row["at_edge"]]
 
 
 def confirmed(rows: list[dict], entries: list[dict], grid: dict, seeds: int) -> list[dict]:
