@@ -101,6 +101,24 @@ def _parser() -> argparse.ArgumentParser:
   run.add_argument("--confirm-seeds", type=int, default=None, metavar="N",
                    help="with --select: run each chosen combination again on N fresh seeds and "
                    "add its test statistic there to selection.csv")
+  run.add_argument("--sample", action="append", default=[], metavar="KEY=DIST",
+                   help="draw candidate values of a key the recipe sweeps in one program "
+                   "from DIST: loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or "
+                   "choice:V1,V2,... (repeatable; --trials N points of a scrambled Sobol "
+                   "sequence from the seed)")
+  run.add_argument("--trials", type=int, default=None, metavar="N",
+                   help="with --sample: the number of candidates drawn")
+  run.add_argument("--search", choices=("halving", "hyperband"), default=None,
+                   help="stop the candidates (--grid or --sample) early: successive halving "
+                   "or Hyperband, each rung one program, ranked on validation (needs "
+                   "validation_fraction > 0; implies --select); writes search.csv and "
+                   "search.png")
+  run.add_argument("--eta", type=int, default=3, metavar="ETA",
+                   help="with --search: the 1/ETA of a rung's settings that continue "
+                   "(default 3)")
+  run.add_argument("--min-rounds", type=int, default=None, metavar="R",
+                   help="with --search: the rounds of the shortest rung (default: "
+                   "eval_every)")
   run.add_argument("--log", action="append", default=[], metavar="TRACKER",
                    choices=("tensorboard", "mlflow"),
                    help="also log the runs, as they compute, to TRACKER: tensorboard (event "
@@ -137,7 +155,8 @@ def _parser() -> argparse.ArgumentParser:
                    "code.threefry_scope; fedjax_rep/core/threefry.py)")
   comparing = commands.add_parser(
       "compare", help="set runs side by side: the configuration keys that differ, their "
-      "summary tables under those keys, and one figure of a metric from every run",
+      "summary tables under those keys, and one figure of a metric, a panel per algorithm "
+      "and a line per run (of a grid, the combination chosen on validation)",
       epilog="example: fedjax-rep compare runs/A runs/B --csv compare.csv")
   comparing.add_argument("dirs", nargs="+", metavar="DIR",
                          help="run directories (the --out of `fedjax-rep run`), two or more")
@@ -148,6 +167,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="the metrics.csv column to draw against round (default: the "
                          "first of test_accuracy, model_error, test_error, ..., train_loss "
                          "that every run has)")
+  comparing.add_argument("--all", action="store_true", dest="all_combinations",
+                         help="of a run with a grid, draw and tabulate every combination "
+                         "(default: each algorithm's combination chosen on validation, from "
+                         "its selection.csv or else its summary's best val_accuracy)")
   return parser
 
 
@@ -161,19 +184,25 @@ def _what_to_run(args) -> tuple[str, dict]:
     return name, {"quick": args.quick, "seeds": args.seeds, "overrides": args.overrides,
                   "grid": args.grid, "out": args.out or runner.default_out(name),
                   "plugins": args.plugin, "select": args.select,
-                  "confirm_seeds": args.confirm_seeds, "log": args.log}
+                  "confirm_seeds": args.confirm_seeds, "log": args.log,
+                  "search": args.search, "eta": args.eta, "min_rounds": args.min_rounds,
+                  "sample": args.sample, "trials": args.trials}
   option = "--resume" if args.resume else "--from-config"
   given = [flag for flag, value in (("a recipe name", args.recipe), ("--quick", args.quick),
                                     ("--seeds", args.seeds), ("--set", args.overrides),
                                     ("--grid", args.grid), ("--plugin", args.plugin),
                                     ("--select", args.select),
                                     ("--confirm-seeds", args.confirm_seeds is not None),
-                                    ("--log", args.log),
+                                    ("--log", args.log), ("--sample", args.sample),
+                                    ("--trials", args.trials is not None),
+                                    ("--search", args.search), ("--eta", args.eta != 3),
+                                    ("--min-rounds", args.min_rounds is not None),
                                     ("--from-config", args.resume and args.from_config),
                                     ("--out", args.resume and args.out)) if value]
   if given:
-    raise ConfigError(f"{option} reads the recipe, seeds, configuration, grid, plugins and "
-                      f"trackers from config.json: do not also give {', '.join(given)}")
+    raise ConfigError(f"{option} reads the recipe, seeds, configuration, grid, search, "
+                      f"plugins and trackers from config.json: do not also give "
+                      f"{', '.join(given)}")
   if args.resume:
     if not os.path.isfile(os.path.join(args.resume, "config.json")):
       problem = ("is not a run directory (no config.json in it)" if os.path.isdir(args.resume)
@@ -207,7 +236,7 @@ def main(argv=None) -> int:
     from fedjax_rep.experiments.config import ConfigError
     try:
       result = compare.compare(args.dirs, csv_path=args.csv, figure_path=args.figure,
-                               metric=args.metric)
+                               metric=args.metric, all_combinations=args.all_combinations)
     except ConfigError as error:
       print(f"fedjax-rep: error: {error}", file=sys.stderr)
       return 2
@@ -285,9 +314,10 @@ def main(argv=None) -> int:
   if not distributed.is_writer():  # process 0 of the job reports what it wrote
     return 0
   tables = [name for name in (recipe_registry.get(recipe).summary_file, "selection.csv",
-                               "selection.png") if os.path.exists(os.path.join(out, name))]
+                               "selection.png", "search.csv", "search.png")
+            if os.path.exists(os.path.join(out, name))]
   for name in tables:
-    if name.endswith(".csv"):
+    if name.endswith(".csv") and name != "search.csv":  # search.csv: a row per rung
       _print_table(os.path.join(out, name))
   print(f"wrote {out}/metrics.csv, config.json, {recipe}.png"
         + "".join(f", {name}" for name in tables))

@@ -187,6 +187,133 @@ def test_grid_labels_and_settings_make_lines_of_their_own(tmp_path, drawn):
                                    f"(lr=0.06)"][1], [0.06 + 0.05 + 0.02, 0.06 + 0.05 + 0.04])
 
 
+LRS = (0.03, 0.1, 0.3)  # the grid of `grid_run`
+
+
+def grid_run(path, *, chosen=None, val=None, momentum=0.5):
+  """A run directory of a grid lr=0.03,0.1,0.3 of fedrep and fedavg (`metrics` of each lr):
+  a summary.csv row per algorithm and lr (test_accuracy, an upload_bytes cost column and,
+  where `val` ({algorithm: a value per lr}) is given, val_accuracy) and, where `chosen`
+  ({algorithm: lr}) is given, a selection.csv of those choices; returns its path."""
+  path = pathlib.Path(make_run(path, grid={"lr": list(LRS)}, summary=False,
+                               extra={"momentum": momentum},
+                               rows=[row for lr in LRS for row in metrics(lr, grid=True)]))
+  write_csv(path / "summary.csv", [
+      {"algorithm": name, "lr": lr, "grid": f"lr={lr}", "test_accuracy": lr + a,
+       **({"val_accuracy": val[name][i]} if val else {}), "seeds": 2, "upload_bytes": 1000}
+      for a, name in enumerate(("fedrep", "fedavg")) for i, lr in enumerate(LRS)])
+  listed = ["config.json", "metrics.csv", "summary.csv"]
+  if chosen:
+    write_csv(path / "selection.csv", [
+        {"algorithm": name, "lr": lr, "grid": f"lr={lr}", "val_accuracy": 0.9,
+         "test_accuracy": lr, "combinations": 3} for name, lr in chosen.items()])
+    listed.append("selection.csv")
+  (path / ".complete").write_text(json.dumps({"files": listed}))
+  return str(path)
+
+
+@pytest.fixture
+def panels(monkeypatch):
+  """The figures `compare.plot` saves, as {panel title: [its lines' legend labels]}."""
+  figures = []
+  save = plotting.save
+
+  def keep(fig, file):
+    figures.append({ax.get_title(): [str(line.get_label()) for line in ax.lines]
+                    for ax in fig.axes})
+    save(fig, file)
+
+  monkeypatch.setattr(plotting, "save", keep)
+  return figures
+
+
+def mean_line(lr, algorithm):
+  """The mean over seeds of `metrics`' test_accuracy at rounds 2 and 4 of an algorithm."""
+  a = ("fedrep", "fedavg").index(algorithm)
+  return [lr + a + 0.05 + 0.02, lr + a + 0.05 + 0.04]
+
+
+def test_a_grid_shows_each_algorithms_chosen_combination_a_panel_per_algorithm(
+    tmp_path, drawn, panels):
+  a = grid_run(tmp_path / "a", chosen={"fedrep": 0.1, "fedavg": 0.3})
+  b = grid_run(tmp_path / "b", chosen={"fedrep": 0.3, "fedavg": 0.03}, momentum=0.9)
+  result = compare.compare([a, b], figure_path=str(tmp_path / "f.png"),
+                           csv_path=str(tmp_path / "t.csv"))
+  assert panels == [{
+      "FedRep": [f"{a} (momentum=0.5): FedRep (lr=0.1)", f"{b} (momentum=0.9): FedRep (lr=0.3)"],
+      "FedAvg": [f"{a} (momentum=0.5): FedAvg (lr=0.3)",
+                 f"{b} (momentum=0.9): FedAvg (lr=0.03)"]}]
+  (lines,) = drawn
+  for run, momentum, chosen in ((a, 0.5, {"FedRep": 0.1, "FedAvg": 0.3}),
+                                (b, 0.9, {"FedRep": 0.3, "FedAvg": 0.03})):
+    for name, lr in chosen.items():  # each line is its chosen combination's mean
+      xs, ys = lines[f"{run} (momentum={momentum}): {name} (lr={lr})"]
+      assert list(xs) == [2, 4]
+      np.testing.assert_allclose(ys, mean_line(lr, name.lower()))
+  table = list(csv.reader(result.table.splitlines()))
+  assert table == [["run", "momentum", "algorithm", "lr", "grid", "test_accuracy"],
+                   [a, "0.5", "fedrep", "0.1", "lr=0.1", "0.1"],
+                   [a, "0.5", "fedavg", "0.3", "lr=0.3", "1.3"],
+                   [b, "0.9", "fedrep", "0.3", "lr=0.3", "0.3"],
+                   [b, "0.9", "fedavg", "0.03", "lr=0.03", "1.03"]]
+  written = read_csv(tmp_path / "t.csv")  # the CSV file keeps every column
+  assert written[0] == ["run", "momentum", "algorithm", "lr", "grid", "test_accuracy", "seeds",
+                        "upload_bytes"]
+  assert [row[:5] for row in written[1:]] == [row[:5] for row in table[1:]]
+
+
+def test_all_combinations_draws_and_tabulates_every_combination(tmp_path, drawn, panels):
+  a = grid_run(tmp_path / "a", chosen={"fedrep": 0.1, "fedavg": 0.3})
+  b = grid_run(tmp_path / "b", chosen={"fedrep": 0.3, "fedavg": 0.03}, momentum=0.9)
+  result = compare.compare([a, b], figure_path=str(tmp_path / "f.png"), all_combinations=True)
+  (figure,) = panels
+  assert list(figure) == ["FedRep", "FedAvg"]
+  for name, labels in figure.items():
+    assert labels == [f"{run} (momentum={m}): {name} (lr={lr})"
+                      for run, m in ((a, 0.5), (b, 0.9)) for lr in LRS]
+  np.testing.assert_allclose(drawn[0][f"{b} (momentum=0.9): FedAvg (lr=0.1)"][1],
+                             mean_line(0.1, "fedavg"))
+  table = list(csv.reader(result.table.splitlines()))
+  assert [row[:4] for row in table[1:]] == [[run, m, name, str(lr)] for run, m in
+                                            ((a, "0.5"), (b, "0.9"))
+                                            for name in ("fedrep", "fedavg") for lr in LRS]
+
+
+def test_without_selection_the_best_validation_accuracy_is_chosen(tmp_path, drawn, panels,
+                                                                  capsys):
+  val = {"fedrep": [0.5, "nan", 0.7], "fedavg": [0.6, 0.6, 0.2]}  # NaN never wins; ties: first
+  a = grid_run(tmp_path / "a", val=val)
+  b = grid_run(tmp_path / "b", momentum=0.9)  # neither selection.csv nor val_accuracy
+  assert compare.choice(compare.read_run(a)) == [{"algorithm": "fedrep", "grid": "lr=0.3"},
+                                                 {"algorithm": "fedavg", "grid": "lr=0.03"}]
+  assert compare.choice(compare.read_run(b)) is None
+  result = compare.compare([a, b], figure_path=str(tmp_path / "f.png"))
+  assert capsys.readouterr().err == (
+      f"fedjax-rep: {b} has a grid but no validation-based choice among its combinations (no "
+      f"selection.csv, no val_accuracy in its summary): showing every one; run it with "
+      f"--select to choose one per algorithm\n")
+  assert panels[0]["FedRep"] == [f"{a} (momentum=0.5): FedRep (lr=0.3)",
+                                 *(f"{b} (momentum=0.9): FedRep (lr={lr})" for lr in LRS)]
+  np.testing.assert_allclose(drawn[0][f"{a} (momentum=0.5): FedAvg (lr=0.03)"][1],
+                             mean_line(0.03, "fedavg"))
+  table = list(csv.reader(result.table.splitlines()))
+  assert table[0] == ["run", "momentum", "algorithm", "lr", "grid", "test_accuracy",
+                      "val_accuracy"]
+  assert [row[:4] for row in table[1:]] == [
+      [a, "0.5", "fedrep", "0.3"], [a, "0.5", "fedavg", "0.03"],
+      *([b, "0.9", name, str(lr)] for name in ("fedrep", "fedavg") for lr in LRS)]
+
+
+def test_a_run_without_an_algorithm_column_is_one_panel_named_by_its_recipe(tmp_path, panels):
+  a = make_run(tmp_path / "a", lr=0.05)
+  rows = [{k: v for k, v in row.items() if k != "algorithm"}
+          for row in metrics(0.1, algorithms=("fedrep",))]
+  b = make_run(tmp_path / "b", lr=0.1, rows=rows, summary=False)
+  compare.compare([a, b], figure_path=str(tmp_path / "f.png"))
+  assert panels == [{"FedRep": [f"{a} (lr=0.05): FedRep"], "FedAvg": [f"{a} (lr=0.05): FedAvg"],
+                     "digits-personalized": [f"{b} (lr=0.1): digits-personalized"]}]
+
+
 def test_the_default_metric_is_the_first_preferred_that_every_run_has_as_a_curve(tmp_path):
   a = make_run(tmp_path / "a", lr=0.05)
   b = make_run(tmp_path / "b", lr=0.1)
@@ -260,6 +387,23 @@ def test_cli_prints_the_table_then_what_it_wrote(tmp_path, capsys, monkeypatch):
   assert lines[5:] == ["wrote compare.png, t.csv (test_accuracy against round)"]
   assert (tmp_path / "compare.png").read_bytes()[:8] == PNG
   assert read_csv(tmp_path / "t.csv")[1] == [a, "0.05", "fedrep", "0.55", "2"]
+
+
+def test_cli_all_prints_and_draws_every_combination(tmp_path, capsys, panels):
+  a = grid_run(tmp_path / "a", chosen={"fedrep": 0.1, "fedavg": 0.3})
+  b = grid_run(tmp_path / "b", chosen={"fedrep": 0.3, "fedavg": 0.03}, momentum=0.9)
+  figure = str(tmp_path / "f.png")
+  assert cli.main(["compare", a, b, "--figure", figure]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert [line.split()[:4] for line in lines[:5]] == [
+      ["run", "momentum", "algorithm", "lr"], [a, "0.5", "fedrep", "0.1"],
+      [a, "0.5", "fedavg", "0.3"], [b, "0.9", "fedrep", "0.3"], [b, "0.9", "fedavg", "0.03"]]
+  assert lines[5:] == [f"wrote {figure} (test_accuracy against round)"]
+  assert cli.main(["compare", a, b, "--figure", figure, "--all"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 1 + 12 + 1 and lines[0].split()[-1] == "test_accuracy"
+  assert [len(panel) for panel in panels[1].values()] == [6, 6]
+  assert [len(panel) for panel in panels[0].values()] == [2, 2]
 
 
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):

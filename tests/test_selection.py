@@ -171,3 +171,15 @@ def test_a_choice_at_the_edge_of_the_grid_is_named_and_said():
       f"fedjax-rep: --select chose {chosen[n]['at_edge']} for algorithm={n}: the best may lie "
       f"outside the grid; widen it there" for n in ("a", "b")]
   assert selection.edges({"lr": 0.2}, {"lr": (0.1, 0.2)}) == []  # two values: no edge
+
+
+def test_result_columns_of_new_clients_and_searches_never_name_a_setting():
+  entries = [{"algorithm": "fedrep", "lr": lr, "grid": f"lr={lr}", "val_accuracy": v,
+              "val_accuracy_std_over_seeds": 0.0, "test_accuracy": v,
+              "test_accuracy_std_over_seeds": 0.0, "new_accuracy": v - 0.1 * lr,
+              "new_accuracy_std_over_seeds": lr, "participation_gap": 0.1 * lr,
+              "statistic": "last", "seeds": 2}
+             for lr, v in ((0.01, 0.5), (0.1, 0.7), (0.3, 0.6))]
+  assert selection.setting_keys(entries, {"lr": (0.01, 0.1, 0.3)}) == ["algorithm"]
+  rows = selection.choose(entries, {"lr": (0.01, 0.1, 0.3)})
+  assert [(r["algorithm"], r["lr"], r["combinations"]) for r in rows] == [("fedrep", 0.1, 3)]

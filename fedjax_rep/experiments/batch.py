@@ -53,7 +53,8 @@ class Batch:
   checkpoints(name) is the `core.checkpoint.Scope` of a unit's runs (None: none); progress
   shows progress bars; tracker (`tracking.Tracker`, None: none) logs the runs as they
   compute; width: settings per call of a program (None: `default_width`); available:
-  the memory the runs may use (None: `core.memory.available_bytes()`).
+  the memory the runs may use (None: `core.memory.available_bytes()`); search
+  (`search.Search`, None: none) stops a grid's settings early (`train`'s searched).
   """
   unit: Callable = compute_now
   checkpoints: Callable[[str], checkpoint.Scope | None] = lambda name: None
@@ -61,6 +62,7 @@ class Batch:
   tracker: object = None
   width: int | None = None
   available: int | None = None
+  search: object = None
 
   def prefixed(self, prefix: str) -> "Batch":
     """This batch with its units and their checkpoints named PREFIX + name (e.g. a grid's
@@ -78,7 +80,8 @@ class Batch:
   def train(self, name: str, algorithm, data, settings: list, keys, rounds: int, *,
             members: list[list[dict]] | None = None, eval_every: int | None = None,
             blowup: float | None = loop.DEFAULT_BLOWUP, starts: list | None = None,
-            keep: Callable | None = None, desc: str | None = None) -> list[dict]:
+            keep: Callable | None = None, desc: str | None = None,
+            searched: bool = False) -> list[dict]:
     """Runs `algorithm` with each of the G `settings` on every run of `data`.
 
     Args:
@@ -98,28 +101,56 @@ class Batch:
       keep: keep(state) -> a dict of arrays of the final state to return, with the state's
         leading axis of runs (leaves [W * R, ...]: W settings of a call, setting-major).
       desc: the progress bars' label (default: name).
+      searched: the settings are a grid's candidates that the batch's `search` (if any)
+        may stop early (`search.Search.train`: members required, starts and keep not
+        taken); otherwise every setting runs every round.
 
     Returns:
       One dict per setting, in order: "metrics" {name: [R, rounds]}, where the algorithm
-      evaluates "eval_rounds" [E] and "eval" {name: [R, E]}, and keep's entries ([R, ...]).
+      evaluates "eval_rounds" [E] and "eval" {name: [R, E]}, and keep's entries ([R, ...]);
+      under a search, NaN from the round after a setting was stopped.
     """
+    if searched and self.search is not None and len(settings) > 1:
+      if starts is not None or keep is not None or not members:
+        raise ValueError("a search takes members and neither starts nor keep")
+      return self.search.train(self, name, algorithm, data, settings, keys, rounds,
+                               members=members, eval_every=eval_every, blowup=blowup,
+                               desc=desc)
+    return self.calls(name, algorithm, data, settings, keys, rounds, members=members,
+                      eval_every=eval_every, blowup=blowup, starts=starts, keep=keep,
+                      desc=desc)
+
+  def calls(self, name: str, algorithm, data, settings: list, keys, rounds: int, *,
+            members=None, eval_every=None, blowup=loop.DEFAULT_BLOWUP, starts=None,
+            keep=None, desc=None, carried: list | None = None, start_round: int = 0,
+            carry: bool = False) -> list[dict]:
+    """`train` without a search, and from given states: `carried` (None: from init), per
+    setting its runs' {"state": the state, leaves [R, ...], "diverged": [R], "reference":
+    [R]} (as `carry` returns them) after round `start_round`; rounds [start_round, rounds)
+    run. With `carry`, each setting's result also has "carry", its runs' state after the
+    last round in that form (leaves of the state under "state" as {"0000": leaf, ...})."""
     count = len(settings)
     width = self._width(algorithm, data, settings, keys, starts)
     calls = -(-count // width)
     axes = _settings_axes(settings)
     runs = jax.tree.leaves(data)[0].shape[0]
+    structure = None if carried is None and not carry else jax.tree.structure(
+        jax.eval_shape(algorithm.init, *_one_run(keys, data), settings[0]))
     results = []
     for start in range(0, count, width):
       chosen = list(range(start, min(start + width, count)))
       padded = chosen + chosen[-1:] * (width - len(chosen))  # one shape for every call
       unit_name = name if calls == 1 else f"{name}-settings{start}-{start + width - 1}"
       flat_members = members and [m for g in chosen for m in members[g]]
+      resume = carried and (_stacked_carry([carried[g] for g in padded], structure),
+                            start_round)
 
-      def compute(padded=padded, unit_name=unit_name, flat_members=flat_members):
+      def compute(padded=padded, unit_name=unit_name, flat_members=flat_members,
+                  resume=resume):
         return self._call(unit_name, algorithm, data, [settings[g] for g in padded], axes,
                           keys, rounds, eval_every, blowup,
                           starts and [starts[g] for g in padded], keep, desc or unit_name,
-                          flat_members)
+                          flat_members, resume, carry)
 
       flat = self.unit(unit_name, compute)
       results += [_runs(flat, i * runs, (i + 1) * runs) for i in range(len(chosen))]
@@ -143,9 +174,10 @@ class Batch:
     return width
 
   def _call(self, unit_name, algorithm, data, settings, axes, keys, rounds, eval_every,
-            blowup, starts, keep, desc, members) -> dict:
+            blowup, starts, keep, desc, members, resume=None, carry=False) -> dict:
     """One `loop.run` of `settings` (W of them) on every run of `data`: runs [W * R] (setting
-    g's run r at g * R + r) in the returned arrays."""
+    g's run r at g * R + r) in the returned arrays; resume: (carry of the W settings' runs,
+    leaves [W * R, ...], as `_stacked_carry` gives it; the round it is after) or None."""
     width, count = len(settings), len(members) if members else None
     runs = jax.tree.leaves(data)[0].shape[0]
     if width == 1:  # no settings axis
@@ -158,21 +190,51 @@ class Batch:
                 for start, each in zip(starts, settings)]
       state = jax.device_get(states[0]) if width == 1 else jax.tree.map(
           lambda *x: np.stack([np.asarray(v) for v in x]), *states)
+    flags, start_round = {}, 0
+    if resume is not None:
+      given, start_round = resume
+      shaped = lambda a: np.reshape(a, (width, runs, *np.shape(a)[1:]) if width > 1
+                                    else np.shape(a))
+      state = jax.tree.map(shaped, given["state"])
+      flags = {"diverged": shaped(given["diverged"]), "reference": shaped(given["reference"])}
     callbacks = self.live(members)
     if callbacks and width > 1:
       callbacks = tuple(_flattened(callback, count) for callback in callbacks)
     result = loop.run(algorithm, data, hparams, keys, rounds, state=state, blowup=blowup,
                       eval_every=eval_every, sweep_axes=sweep_axes, progress=self.progress,
-                      desc=desc, callbacks=callbacks, checkpoints=self.checkpoints(unit_name))
+                      desc=desc, callbacks=callbacks, checkpoints=self.checkpoints(unit_name),
+                      start_round=start_round, **flags)
     flat = lambda tree: jax.tree.map(
         lambda a: np.asarray(a).reshape(width * runs, *np.shape(a)[1 + (width > 1):]), tree)
     out = {"metrics": flat(result.metrics)}
+    if carry:
+      leaves = jax.tree.leaves(flat(jax.device_get(result.state)))
+      out["carry"] = {"state": {f"{i:04d}": leaf for i, leaf in enumerate(leaves)},
+                      **flat({"diverged": result.diverged, "reference": result.reference})}
     if result.eval_metrics:
       out.update(eval_rounds=result.eval_rounds, eval=flat(result.eval_metrics))
     if keep is not None:
       state = flat(jax.device_get(result.state))
       out.update(keep(state))
     return out
+
+
+def _one_run(keys, data) -> tuple:
+  """(key, data) of one run, as shapes (`jax.ShapeDtypeStruct`) without the run axis."""
+  one = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree)
+  return one(keys), one(data)
+
+
+def _stacked_carry(carried: list[dict], structure) -> dict:
+  """The carries of W settings (each as `Batch.calls` returns it: {"state": {"0000": leaf
+  [R, ...], ...}, "diverged": [R], "reference": [R]}) as one, leaves [W * R, ...], the
+  state a pytree of `structure`."""
+  joined = lambda *x: np.concatenate([np.asarray(v) for v in x])
+  states = [jax.tree.unflatten(structure, [c["state"][k] for k in sorted(c["state"])])
+            for c in carried]
+  return {"state": jax.tree.map(joined, *states),
+          "diverged": joined(*[c["diverged"] for c in carried]),
+          "reference": joined(*[c["reference"] for c in carried])}
 
 
 def _flattened(callback, count: int):
@@ -220,8 +282,7 @@ def settings_that_fit(algorithm, data, hparams, keys, available: int | None = No
   `core.memory.USABLE` of the memory `available` (default `core.memory.available_bytes()`)
   beside one copy of the data, at STATE_COPIES of a setting's states (all runs'); and the
   bytes per setting."""
-  one = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree)
-  state = jax.eval_shape(algorithm.init, one(keys), one(data), hparams)
+  state = jax.eval_shape(algorithm.init, *_one_run(keys, data), hparams)
   size = lambda tree: sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
                           for a in jax.tree.leaves(tree))
   runs = jax.tree.leaves(data)[0].shape[0]

@@ -174,7 +174,7 @@ def _parse_one(item: str, check: Check):
   return float(item)
 
 
-def _check(config, key: str, option: str) -> Check:
+def key_check(config, key: str, option: str) -> Check:
   """The Check of key `key` of `option` (--set or --grid): that of config's field, or of
   an option config's algorithms declare (`option_check`); else a ConfigError listing the
   keys and those options."""
@@ -207,19 +207,19 @@ def _split(item: str, known: dict, option: str) -> tuple[str, str]:
 def _form(key: str, check: Check, option: str) -> str:
   """What to write after `option` KEY= (--set or --grid), as an instruction."""
   each = dataclasses.replace(check, sequence=False).describe()
-  if option == "--grid" or check.sequence:
-    distinct = "distinct " if option == "--grid" else ""
+  if option != "--set" or check.sequence:
+    distinct = "distinct " if option != "--set" else ""
     return f"give one or more {distinct}values of {key}, each {each}, separated by single commas"
   return f"give one value of {key}: {each}"
 
 
-def _parse(key: str, text: str, check: Check, option: str = "--set"):
+def parse_values(key: str, text: str, check: Check, option: str = "--set"):
   """The value of `--set KEY=TEXT` (a tuple of its comma-separated items for a sequence
-  field), or with option='--grid' the tuple of the comma-separated values to sweep (items
+  field), or with option="--grid" (or "--sample") the tuple of the comma-separated values (items
   of a sequence field: each is one element). The grammar (docs/cli.md): items separated by
   single commas, spaces around an item ignored; no empty item (a leading, trailing or
   double comma), no '=' in TEXT, one item for a --set of a single-valued field."""
-  several = check.sequence or option == "--grid"
+  several = check.sequence or option != "--set"
   each = dataclasses.replace(check, sequence=False)
   form = _form(key, check, option)
   items = [t.strip() for t in text.split(",")]
@@ -242,13 +242,21 @@ def _parse(key: str, text: str, check: Check, option: str = "--set"):
       values.append(_parse_one(item, check))
     except (ValueError, OverflowError):
       raise ConfigError(f"{option} {key}={text}: {item!r} is not valid; {key} must be "
-                        f"{(each if option == '--grid' else check).describe()}") from None
+                        f"{(each if option != '--set' else check).describe()}") from None
   return tuple(values) if several else values[0]
+
+
+def check_value(key: str, value, check: Check, option: str) -> None:
+  """ConfigError (one line) unless `value` is one value of key `key` in `check`'s range."""
+  each = dataclasses.replace(check, sequence=False)
+  if not each.ok(value):
+    raise ConfigError(f"{option}: {key}={value} is out of range; {key} must be "
+                      f"{each.describe()}")
 
 
 def override(config, items: typing.Sequence[str]):
   """`config` with each 'KEY=VALUE' of `items` (a string is one item) applied, parsed by the
-  field's type (`_parse`); a key given twice is a ConfigError."""
+  field's type (`parse_values`); a key given twice is a ConfigError."""
   known = fields(type(config))
   given, later = {}, {}
   for item in _items(items):
@@ -261,9 +269,9 @@ def override(config, items: typing.Sequence[str]):
     if key not in known:  # an option: checked once the fields say which algorithms run
       later[key] = text
       continue
-    config = dataclasses.replace(config, **{key: _parse(key, text,
+    config = dataclasses.replace(config, **{key: parse_values(key, text,
                                                          known[key].metadata["check"])})
-  options = {key: _parse(key, text, _check(config, key, "--set"))
+  options = {key: parse_values(key, text, key_check(config, key, "--set"))
              for key, text in later.items()}
   return validate(with_options(config, options) if options else config)
 
@@ -271,24 +279,43 @@ def override(config, items: typing.Sequence[str]):
 @dataclasses.dataclass(frozen=True)
 class Sweep:
   """A checked grid (`sweep`), expanded once: `grid` {KEY: values} ({} without a grid),
-  its `combinations` ({KEY: value} dicts, the first key varying slowest; one empty dict
-  without a grid), their `labels` ('KEY=VALUE, ...') and `configs` (the configuration with
-  each combination applied)."""
+  `samples` (points {KEY: value} drawn for keys given by range, `sampling`; () without),
+  their `combinations` (each grid combination with each point; {KEY: value} dicts, the
+  first key varying slowest; one empty dict without either), their `labels` ('KEY=VALUE,
+  ...') and `configs` (the configuration with each combination applied)."""
   grid: dict
   combinations: tuple
   labels: tuple
   configs: tuple
+  samples: tuple = ()
+
+  @property
+  def values(self) -> dict:
+    """{KEY: the values tried} of every swept key: the grid's, and each sampled key's
+    distinct values, ascending."""
+    sampled = dict.fromkeys(k for point in self.samples for k in point)
+    return {**self.grid, **{key: tuple(sorted({p[key] for p in self.samples}))
+                            for key in sampled}}
 
   def split(self, traced_keys) -> tuple[list[dict] | None, list[dict]]:
-    """(the combinations of the swept keys among `traced_keys`, or None where none is
-    swept; the combinations of the other swept keys, the shapes: [{}] where none is)."""
+    """(the combinations of the swept keys among `traced_keys` (the sampled keys, which
+    must be among them, with each of their points), or None where none is swept; the
+    combinations of the other swept keys, the shapes: [{}] where none is)."""
     traced = {key: values for key, values in self.grid.items() if key in traced_keys}
     shapes = {key: values for key, values in self.grid.items() if key not in traced}
-    return (combinations(traced) if traced else None), combinations(shapes)
+    if not traced and not self.samples:
+      return None, combinations(shapes)
+    return _with_points(combinations(traced), self.samples), combinations(shapes)
 
 
-def sweep(config, grid, overrides: typing.Sequence[str] = ()) -> Sweep:
-  """The sweep over `config`'s fields: every combination of `grid`, checked.
+def _with_points(every: list[dict], samples) -> list[dict]:
+  """Each combination of `every` with each point of `samples` (`every` where none)."""
+  return [{**c, **p} for c in every for p in samples] if samples else every
+
+
+def sweep(config, grid, overrides: typing.Sequence[str] = (), samples=()) -> Sweep:
+  """The sweep over `config`'s fields: every combination of `grid` with every point of
+  `samples` ({KEY: value} dicts: candidates drawn from ranges, `sampling.draw`), checked.
 
   `grid` is {KEY: values} (Python) or 'KEY=V1,V2,...' items (--grid, parsed by the field's
   type; a string is one item); a sequence field sweeps single elements (each value becomes
@@ -309,11 +336,12 @@ def sweep(config, grid, overrides: typing.Sequence[str] = ()) -> Sweep:
     entries = []
     for item in _items(grid):
       key, text = _split(item, known, "--grid")
-      entries.append((key, _parse(key, text, _check(config, key, "--grid"), "--grid"), text))
+      entries.append((key, parse_values(key, text, key_check(config, key, "--grid"), "--grid"),
+                      text))
   fixed = {_split(item, known, "--set")[0] for item in _items(overrides)}
   swept = {}
   for key, values, text in entries:
-    each = dataclasses.replace(_check(config, key, "--grid"), sequence=False)
+    each = dataclasses.replace(key_check(config, key, "--grid"), sequence=False)
     if key in swept or key in fixed:
       where = "twice in --grid" if key in swept else "in both --set and --grid"
       raise ConfigError(f"{key} is given {where}; give all its values once, as "
@@ -325,14 +353,19 @@ def sweep(config, grid, overrides: typing.Sequence[str] = ()) -> Sweep:
     if twice:
       raise ConfigError(f"--grid {key}={text}: {twice[0]} is given twice; {form}")
     swept[key] = values
-  every = combinations(swept)
+  for key in dict.fromkeys(k for point in samples for k in point):
+    if key in swept or key in fixed:
+      raise ConfigError(f"{key} is given in --sample and in {'--grid' if key in swept else '--set'}"
+                        f": give it once")
+  every = _with_points(combinations(swept), tuple(samples))
   configs = tuple(apply(config, combination) for combination in every)
   for combination, each in zip(every, configs):
     try:
       validate(each)
     except ConfigError as error:
       raise ConfigError(f"--grid combination {combination_label(combination)}: {error}") from None
-  return Sweep(swept, tuple(every), tuple(map(combination_label, every)), configs)
+  return Sweep(swept, tuple(every), tuple(map(combination_label, every)), configs,
+               tuple(samples))
 
 
 def combinations(grid: dict[str, tuple]) -> list[dict]:

@@ -44,6 +44,9 @@ class Recipe:
   data; said on stderr before the run (`runner.mock_lines`).
   rank: its place in `fedjax-rep list` and the README's table (ascending, then by name).
   docs: the page that explains it, relative to the repository root (README's table links it).
+  searchable: run trains each grid of traced keys per algorithm and setting as the
+  candidates of one `batch.Batch.train` call (`neural.trained`), which --search can stop
+  early (`search`).
   """
   name: str
   summary: str
@@ -60,6 +63,7 @@ class Recipe:
   mock_data: Callable | None = None
   rank: int = 1000
   docs: str = ""
+  searchable: bool = False
 
 
 RECIPES: dict[str, Recipe] = {}  # the recipes registered so far (see `all_recipes`)

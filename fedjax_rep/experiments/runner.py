@@ -29,6 +29,8 @@ from fedjax_rep.experiments import placement
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments import plugins as plugins_lib
 from fedjax_rep.experiments import recipe_registry
+from fedjax_rep.experiments import sampling
+from fedjax_rep.experiments import search as search_lib
 from fedjax_rep.experiments import selection
 from fedjax_rep.experiments import tracking
 
@@ -39,15 +41,43 @@ def check_seeds(seeds) -> int:
   return seeds
 
 
-def _prepare(name, quick, seeds, overrides, grid):
-  """(recipe, validated config, number of seeds, its checked `cfg.Sweep` of `grid`): every
-  check, before any work."""
+def _prepare(name, quick, seeds, overrides, grid, sample=(), trials=None):
+  """(recipe, validated config, number of seeds, its checked `cfg.Sweep` of `grid` and of
+  `trials` points drawn from the --sample items `sample` (`sampling`)): every check,
+  before any work."""
   recipe = recipe_registry.get(name)
   config = recipe_registry.resolve(name, quick=quick, overrides=overrides)
-  swept = cfg.sweep(config, grid, overrides)
+  swept = cfg.sweep(config, grid, overrides, _samples(recipe, config, sample, trials))
   for each in swept.configs:
     placement.check(each)
   return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds), swept
+
+
+def _samples(recipe, config, sample, trials) -> list[dict]:
+  """The `trials` points drawn from the --sample items `sample` (`sampling.draw`, from
+  config's seed); ConfigError where a key is sampled twice or is not one the recipe
+  sweeps in one program (`Recipe.traced`)."""
+  distributions = {}
+  for item in sample:
+    key, distribution = sampling.parse(config, item)
+    if key in distributions:
+      raise cfg.ConfigError(f"--sample {key} is given twice: give one distribution per key")
+    distributions[key] = distribution
+  sampling.check_trials(trials, bool(distributions))
+  traced = recipe.traced(config) if callable(recipe.traced) else recipe.traced
+  for key in distributions:
+    if key not in traced:
+      raise cfg.ConfigError(f"--sample {key}: {recipe.name} draws candidates only of the keys "
+                            f"it sweeps in one program ({', '.join(traced) or 'none'}); give "
+                            f"{key} in --grid instead")
+  return sampling.draw(distributions, trials, config.seed) if distributions else []
+
+
+def _label(row: dict, shape: dict, keys) -> str:
+  """The `grid` label of a row (or a search record) of the combination `shape` of the
+  shape-changing keys: the swept `keys` at the shape's values, else the row's."""
+  return cfg.combination_label({key: shape[key] if key in shape else row.get(key)
+                                for key in keys})
 
 
 def _sweep(recipe, config, seeds, swept, batch) -> list[dict]:
@@ -58,12 +88,13 @@ def _sweep(recipe, config, seeds, swept, batch) -> list[dict]:
   recipe.run's rows. Each call runs its runs through `batch` (`batch_lib.Batch`: units,
   checkpoints, progress, tracker). First says on stderr which combinations train on mock
   data (`mock_lines`). With a tracker (batch.tracker), its rows' metrics are logged to it
-  (those not logged as they ran)."""
+  (those not logged as they ran). With a search (batch.search), its records get the shape's
+  keys and their `grid` labels."""
   if distributed.is_writer():
     for line in mock_lines(recipe, swept.configs):
       print(line, file=sys.stderr)
   tracker = batch.tracker
-  if not swept.grid:
+  if not swept.values:
     rows = recipe.run(config, seeds, batch)
     _track(tracker, recipe, rows)
     return rows
@@ -76,14 +107,19 @@ def _sweep(recipe, config, seeds, swept, batch) -> list[dict]:
     prefix = cfg.combination_label(shape, ",") + "--" if shape else ""
     if tracker is not None:
       tracker.combination = shape
+    records = [] if batch.search is None else batch.search.records
+    first = len(records)
+    if batch.search is not None:
+      batch.search.columns = shape
     shape_rows = recipe.run(cfg.apply(config, shape), seeds, batch.prefixed(prefix),
                             **traced_grid)
+    for record in records[first:]:
+      record["grid"] = _label(record, shape, swept.values)
     start = len(rows)
     for row in shape_rows:
-      label = cfg.combination_label({key: shape[key] if key in shape else row.get(key)
-                                     for key in swept.grid})
+      label = _label(row, shape, swept.values)
       if label not in combinations:
-        swept_traced = ", ".join(key for key in swept.grid if key in traced_keys)
+        swept_traced = ", ".join(key for key in swept.values if key in traced_keys)
         raise RuntimeError(f"recipe {recipe.name} returned a row of {label}, which is not a "
                            f"combination of its grid; its run must return the traced keys "
                            f"{swept_traced} as columns with the values it was given")
@@ -106,7 +142,7 @@ def _tracker(log, path, name, swept, fresh):
   None without sinks."""
   if not log or not distributed.is_writer():
     return contextlib.nullcontext()
-  return tracking.Tracker(path, log, recipe=name, grid=swept.grid, fresh=fresh)
+  return tracking.Tracker(path, log, recipe=name, grid=swept.values, fresh=fresh)
 
 
 def mock_lines(recipe, configs) -> list[str]:
@@ -176,7 +212,7 @@ def _summary(recipe, rows, config, swept: cfg.Sweep) -> list[dict]:
   """recipe.summarize of each combination of the sweep `swept` (its rows, its
   configuration), the combination's swept keys and `grid` label added to each entry;
   without a grid, that of all rows."""
-  if not swept.grid:
+  if not swept.values:
     return recipe.summarize(rows, config)
   table = []
   for combination, label, each in zip(swept.combinations, swept.labels, swept.configs):
@@ -190,11 +226,14 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
                checkpoint_rounds: int | None = None,
                checkpoint_seconds: float | None = checkpoint.DEFAULT_SECONDS,
                plugins=(), select: bool = False, confirm_seeds: int | None = None,
-               log=(), stop=checkpoint.never) -> str:
+               log=(), stop=checkpoint.never, search: str | None = None,
+               eta: int = search_lib.DEFAULT_ETA, min_rounds: int | None = None, sample=(),
+               trials: int | None = None) -> str:
   """Runs recipe `name` over every combination of `grid` into a run directory.
 
   It writes metrics.csv, config.json (the grid, the code's revision, the plugins),
-  NAME.png, and the recipe's summary table (e.g. table1.csv) where it has one.
+  NAME.png (with `select`: of each algorithm's and setting's chosen combination), and the
+  recipe's summary table (e.g. table1.csv) where it has one.
 
   Finished units are saved under out/parts and a unit's runs checkpoint as they go, so
   running again with the same `out`, configuration and grid (e.g. `replay(out/config.json)`)
@@ -220,14 +259,26 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
     stop: stop() -> the name of a signal that asked the run to stop, or None
       (`core.checkpoint.Signals.requested`): the running unit then checkpoints and raises
       `checkpoint.Interrupted`.
+    search: 'halving' or 'hyperband': stop the candidates (the grid's traced combinations,
+      or the sampled points) early by validation (`search`), and select as `select` does;
+      also writes search.csv (every setting's rungs) and search.png, and selection.csv
+      gets the rung each choice reached.
+    eta, min_rounds: the search's 1/eta that continue after a rung and its shortest rung
+      (None: eval_every).
+    sample: --sample items 'KEY=DIST' (`sampling`): candidates drawn from ranges, `trials`
+      of them, with each combination of `grid`.
 
   Returns:
     The run directory.
   """
   loaded = plugins_lib.load_all(plugins)
-  recipe, config, seeds, swept = _prepare(name, quick, seeds, overrides, grid)
+  recipe, config, seeds, swept = _prepare(name, quick, seeds, overrides, grid, sample, trials)
   log = tracking.check(log)
-  grid = swept.grid
+  grid = swept.values
+  searching = None
+  if search is not None:
+    searching = _search(recipe, config, swept, search, eta, min_rounds)
+    select = True
   if select or confirm_seeds is not None:
     if not select:
       raise cfg.ConfigError("--confirm-seeds reruns the combinations that --select chooses: "
@@ -240,7 +291,9 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
   out = default_out(name) if out is None else out
   with outputs.RunDir(
       out, {"recipe": name, "quick": quick, "seeds": seeds,
-            "config": cfg.saved(config), "grid": grid,
+            "config": cfg.saved(config), "grid": swept.grid,
+            **_sample_record(sample, trials, swept),
+            **({"search": searching.record()} if searching else {}),
             "code": {"revision": files.revision(), "source": files.source_fingerprint(),
                      **config.code_record(),
                      "threefry": "flat" if threefry.flat() else "jax",
@@ -255,7 +308,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
           log, out, name, swept, fresh=overwrite) as tracker:
     plotting.prefetch()  # the figure's library loads while the rounds run
     batch = batch_lib.Batch(unit=run_dir.unit, checkpoints=run_dir.checkpoints,
-                            progress=progress, tracker=tracker)
+                            progress=progress, tracker=tracker, search=searching)
     rows = _sweep(recipe, config, seeds, swept, batch)
     columns = (*grid, "grid") if grid else ()
     run_dir.write_csv("metrics.csv", [{k: v for k, v in row.items()
@@ -266,8 +319,7 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
     if recipe.summarize is not None:
       run_dir.write_csv(recipe.summary_file, entries, first=("algorithm", *columns))
       written.append(recipe.summary_file)
-    run_dir.write(f"{name}.png", lambda f: recipe.plot(rows, _figure_config(config, swept), f))
-    written.append(f"{name}.png")
+    figure_rows = rows
     if select:
       chosen = selection.choose(entries, grid)
       for line in selection.edge_lines(chosen, grid):
@@ -276,14 +328,51 @@ def run_to_dir(name: str, *, quick: bool = False, seeds: int | None = None, over
         chosen = selection.confirmed(chosen, _confirm(recipe, config, seeds, grid, chosen,
                                                       confirm_seeds, batch),
                                      grid, confirm_seeds)
-      run_dir.write_csv("selection.csv", chosen, first=selection.setting_keys(chosen, grid))
+      keys = selection.setting_keys(chosen, grid)
+      figure_rows = selection.chosen_rows(rows, chosen, keys)
+      if searching is not None:
+        chosen = search_lib.selection_columns(chosen, searching.records, keys)
+        run_dir.write_csv("search.csv", searching.records, first=(*keys, *grid, "grid"))
+        run_dir.write("search.png", lambda f: search_lib.plot(rows, searching.records,
+                                                              chosen, keys, f))
+        written += ["search.csv", "search.png"]
+      run_dir.write_csv("selection.csv", chosen, first=keys)
       run_dir.write("selection.png", lambda f: selection.plot(entries, chosen, grid, f))
       written += ["selection.csv", "selection.png"]
+    run_dir.write(f"{name}.png", lambda f: recipe.plot(figure_rows,
+                                                       _figure_config(config, swept), f))
+    written.append(f"{name}.png")
     if tracker is not None:
       tracker.finish(entries)
     run_dir.finish(written)
     _say_diverged(rows)
   return out
+
+
+def _search(recipe, config, swept: cfg.Sweep, method, eta, min_rounds) -> search_lib.Search:
+  """The checked `search.Search` of `method` over the candidates of `swept` (its traced
+  combinations: the recipe's `traced` keys, every point of --sample); ConfigError (one
+  line) where there are none or `search.check` refuses."""
+  traced_keys = recipe.traced(config) if callable(recipe.traced) else recipe.traced
+  candidates, _ = swept.split(traced_keys)
+  if not candidates:
+    raise cfg.ConfigError(f"--search stops candidates early: give them as --grid values of "
+                          f"keys {recipe.name} sweeps in one program "
+                          f"({', '.join(traced_keys) or 'none'}) or as --sample KEY=DIST "
+                          f"--trials N")
+  search_lib.check(method, eta, min_rounds, swept.configs, len(candidates),
+                   recipe.searchable)
+  return search_lib.Search(method, eta, min_rounds, seed=config.seed)
+
+
+def _sample_record(sample, trials, swept: cfg.Sweep) -> dict:
+  """What config.json records of --sample: {"sample": {"keys": {KEY: DIST}, "trials": N,
+  "design": ..., "points": [...]}}, or {} without."""
+  if not sample:
+    return {}
+  keys = {item.partition("=")[0].strip(): item.partition("=")[2] for item in sample}
+  return {"sample": {"keys": keys, "trials": trials, "design": sampling.DESIGN,
+                     "points": list(swept.samples)}}
 
 
 def _confirm(recipe, config, seeds: int, grid: dict, chosen: list[dict], confirm_seeds: int,
@@ -359,7 +448,7 @@ def _saved_items(saved_config: dict, grid: dict) -> list[str]:
 
 def replay(config_path: str) -> dict:
   """The keywords of `run_to_dir` (name, quick, seeds, overrides, grid, log, plugins, select,
-  confirm_seeds) that run
+  confirm_seeds, search, eta, min_rounds, sample, trials) that run
   again the run that wrote `config_path` (its config.json): every configuration field as a
   --set item, checked as any, and the plugins it ran with. ConfigError when the file
   cannot be read or names no recipe; PluginError when a plugin is missing or changed."""
@@ -381,10 +470,17 @@ def replay(config_path: str) -> dict:
                           f"{', '.join(recipe_registry.all_recipes())}") from None
   grid = saved.get("grid") or {}
   select = saved.get("select")
+  searched = saved.get("search") or {}
+  sampled = saved.get("sample") or {}
   return {"name": name, "quick": bool(saved.get("quick")), "seeds": saved.get("seeds"),
+          "search": searched.get("method"),
+          "eta": searched.get("eta", search_lib.DEFAULT_ETA),
+          "min_rounds": searched.get("min_rounds"),
+          "sample": tuple(f"{k}={v}" for k, v in sampled.get("keys", {}).items()),
+          "trials": sampled.get("trials"),
           "select": select is not None,
           "confirm_seeds": select.get("confirm_seeds") if isinstance(select, dict) else None,
-          "overrides": _saved_items(saved["config"], grid),
+          "overrides": _saved_items(saved["config"], {**grid, **sampled.get("keys", {})}),
           "grid": {key: tuple(values) for key, values in grid.items()},
           "log": tuple(saved.get("log") or ()),
           "plugins": plugins_lib.recorded(saved.get("plugins"), config_path)}

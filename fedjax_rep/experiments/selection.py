@@ -18,7 +18,9 @@ RESULTS = ("combinations", "at_edge", "confirm_test_accuracy",
            "confirm_test_accuracy_std_over_seeds", "confirm_seeds", "test_accuracy",
            "test_accuracy_std_over_seeds", "val_accuracy", "val_accuracy_std_over_seeds",
            "statistic", "seeds", "diverged", "last_evaluations", "rounds_to_95",
-           "upload_bytes", "download_bytes", "flops_per_round", "paper_test_accuracy")
+           "upload_bytes", "download_bytes", "flops_per_round", "paper_test_accuracy",
+           "new_accuracy", "new_accuracy_std_over_seeds", "participation_gap", "rung",
+           "rung_rounds", "rung_val_accuracy")
 
 
 def check(config, swept: cfg.Sweep, confirm_seeds: int | None) -> None:
@@ -28,7 +30,7 @@ def check(config, swept: cfg.Sweep, confirm_seeds: int | None) -> None:
   if config.validation_fraction is None:
     raise cfg.ConfigError("--select chooses on validation data, which only the neural recipes "
                           "hold out (validation_fraction); this recipe has none")
-  if not swept.grid:
+  if not swept.values:
     raise cfg.ConfigError("--select chooses among the combinations of a grid: give the "
                           "values to choose from, e.g. --grid lr=0.01,0.03,0.1")
   for each in swept.configs:
@@ -78,6 +80,13 @@ def choose(entries: list[dict], grid: dict) -> list[dict]:
                  "combinations": len(group),
                  "at_edge": "; ".join(edges({k: best[k] for k in grid}, grid))})
   return rows
+
+
+def chosen_rows(rows: list[dict], chosen: list[dict], keys: list[str]) -> list[dict]:
+  """The metrics.csv `rows` of the `chosen` combinations (`choose`'s rows): those whose
+  setting `keys` (algorithm, ...) and `grid` label are a choice's."""
+  wanted = {(*(row[k] for k in keys), row["grid"]) for row in chosen}
+  return [r for r in rows if (*(r.get(k) for k in keys), r.get("grid")) in wanted]
 
 
 def edges(chosen: dict, grid: dict) -> list[str]:

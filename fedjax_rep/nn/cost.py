@@ -14,6 +14,7 @@ bound once.
 """
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -78,8 +79,23 @@ def communication(algorithm, data, hparams) -> dict:
   share of rounds that exchange them (rounded to whole bytes).
   """
   algorithm = _unsharded(algorithm)
-  run_hparams = hparams
-  data, hparams = one_run(data, hparams)
+  data, shapes = one_run(data, hparams)
+  leaves, structure = jax.tree.flatten(shapes)
+  shared, personal, sent, received = _exchanged_shapes(algorithm, data, structure,
+                                                       tuple(leaves))
+  up, down, share = algorithm.exchanged(shared, personal, hparams)
+  return {"upload_bytes": tree_bytes(sent) + round(float(share) * tree_bytes(up)),
+          "download_bytes": (tree_bytes(shared) + tree_bytes(received)
+                             + round(float(share) * tree_bytes(down)))}
+
+
+@functools.lru_cache(maxsize=64)
+def _exchanged_shapes(algorithm, data, structure, leaves) -> tuple:
+  """(shared params, personal params of one client, what a client's update sends, the
+  server state a client is sent) of `algorithm` on `data` (`one_run`'s shapes) with hparams
+  of `structure` and shapes `leaves`, as shapes: traced once per algorithm and shapes (a
+  grid's settings share them)."""
+  hparams = jax.tree.unflatten(structure, leaves)
   key = jax.eval_shape(lambda: jax.random.key(0))
   state = jax.eval_shape(algorithm.init, key, data, hparams)
   one = jax.ShapeDtypeStruct((1,), jnp.int32)
@@ -92,11 +108,7 @@ def communication(algorithm, data, hparams) -> dict:
   if missing:
     raise ValueError(f"{algorithm.name}: server_sent names {missing}, not keys of its server "
                      f"state {sorted(state.server)}")
-  up, down, share = algorithm.exchanged(state.shared, personal, run_hparams)
-  received = {k: state.server[k] for k in algorithm.server_sent}
-  return {"upload_bytes": tree_bytes(sent) + round(float(share) * tree_bytes(up)),
-          "download_bytes": (tree_bytes(state.shared) + tree_bytes(received)
-                             + round(float(share) * tree_bytes(down)))}
+  return state.shared, personal, sent, {k: state.server[k] for k in algorithm.server_sent}
 
 
 def round_flops(algorithm, data, hparams) -> float:

@@ -81,4 +81,5 @@ RECIPE = register(Recipe(
     summary="personalised FL on sklearn digits (offline): FedRep, FedPer, LG-FedAvg, FedAvg, "
             "FedAvg-FT, local; test accuracy vs rounds",
     config=Config, quick={"rounds": 40}, run=run, plot=plot, default_seeds=3,
-    summarize=summarize, traced=neural.traced_keys, summary_only=summaries.COST))
+    summarize=summarize, traced=neural.traced_keys, summary_only=summaries.COST,
+    searchable=True))

@@ -370,7 +370,8 @@ def trained(batch, unit_name, name, config, model, data, keys, num_clients, grid
   program that it shares with the others of config.algorithms (`nn.program`), when there
   are any (one compilation for all of them), with the flags of config's conventions that
   the program takes; where data hold new clients (`with_new_clients`), num_clients counts
-  them too and the algorithm's cohort is a share of the others. `runs`: the metrics.csv
+  them too and the algorithm's cohort is a share of the others. The grid's combinations
+  are the candidates a batch's search may stop early (`experiments.search`). `runs`: the metrics.csv
   columns of each run of `data` (seed, settings), with which the tracker logs them as they
   compute."""
   members = [[{"algorithm": name, **run, **combination} for run in runs]
@@ -383,7 +384,8 @@ def trained(batch, unit_name, name, config, model, data, keys, num_clients, grid
   programs = [shared_program(s, own, hparams(s), peers, data) for s in settings]
   results = batch.train(unit_name, with_new_clients(programs[0][0], config, data), data,
                         [h for _, h in programs], keys, config.rounds,
-                        eval_every=config.eval_every, members=members)
+                        eval_every=config.eval_every, members=members,
+                        searched=grid is not None)
   flops = batch.unit(f"{unit_name}-flops", lambda: {"flops_per_round": np.float64(
       cost_lib.round_flops(own, training, hparams(config)))})["flops_per_round"]
   return [{**result, "cost": {**cost_lib.communication(own, training, hparams(s)),

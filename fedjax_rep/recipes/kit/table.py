@@ -201,22 +201,34 @@ def label(name: str, paper: dict) -> str:
 
 def plot(rows, config, file, dataset: str, settings: list[dict], title: str, paper: dict,
          paper_name: str) -> None:
-  """One panel per setting (and per combination of a --grid: rows with a `grid` column): a
+  """One panel per setting (and per combination of a --grid: rows with a `grid` column; where
+  the rows hold one combination per algorithm and setting, as those chosen by --select do,
+  one panel per setting, each algorithm's bar at its combination, named beside it): a
   horizontal bar per algorithm (measured accuracy, its std over seeds as an error bar) with
   the value of `paper` (named `paper_name`) as a red diamond where it has one; `title`, and
   below it the conventions (`neural.conventions_text`) and the statistic the bars show
   (`summaries.averaged_text` of config.summary), above the panels."""
-  grids = list(dict.fromkeys(r["grid"] for r in rows if "grid" in r))
-  if grids:
-    settings = [{**setting, "grid": label} for setting in settings for label in grids]
-  summary = table(rows, config, dataset, settings, paper)
   names = list(config.algorithms)
-  columns = min(len(settings), 3)
-  fig, axes = plotting.grid_of(len(settings), columns, width=max(4.0, 7.5 / columns),
+  grids = list(dict.fromkeys(r["grid"] for r in rows if "grid" in r))
+  held = {(r["algorithm"], *(r.get(k) for k in settings[0]), r["grid"]) for r in rows
+          if "grid" in r}
+  each = [[{**setting, "grid": g} for g in grids] if grids else [setting]
+          for setting in settings]
+  chosen = bool(grids) and all(
+      sum((n, *s.values(), g) in held for g in grids) <= 1 for s in settings for n in names)
+  panels = each if chosen else [[one] for group in each for one in group]
+  summary = table(rows, config, dataset, [one for group in each for one in group], paper)
+  columns = min(len(panels), 3)
+  fig, axes = plotting.grid_of(len(panels), columns, width=max(4.0, 7.5 / columns),
                                height=0.3 * len(names) + 1.4)  # two title lines at any width
-  for ax, setting in zip(axes, settings):
-    entries = {e["algorithm"]: e for e in summary if all(e[k] == v for k, v in setting.items())}
+  for ax, group in zip(axes, panels):
+    entries = {e["algorithm"]: e for setting in group for e in summary
+               if all(e[k] == v for k, v in setting.items())
+               and (not chosen or (e["algorithm"], *setting.values()) in held)}
     ys = np.arange(len(names))[::-1]
+    nan = {"test_accuracy": np.nan, "test_accuracy_std_over_seeds": np.nan,
+           "paper_test_accuracy": ""}
+    entries = {n: entries.get(n, nan) for n in names}
     measured = [entries[n]["test_accuracy"] for n in names]
     spread = [entries[n]["test_accuracy_std_over_seeds"] for n in names]
     ax.barh(ys, measured, xerr=spread, color="tab:blue", alpha=0.75, ecolor="0.3",
@@ -226,8 +238,11 @@ def plot(rows, config, file, dataset: str, settings: list[dict], title: str, pap
     if reported:
       ax.plot([p for _, p in reported], [y for y, _ in reported], "D", color="tab:red", ms=5,
               label=paper_name)
-    ax.set_yticks(ys, [label(n, paper) for n in names])
-    ax.set(xlim=(0, 1), xlabel="test accuracy", title=setting_label(setting))
+    ax.set_yticks(ys, [label(n, paper) + (f" ({entries[n]['grid']})" if chosen and "grid" in
+                                          entries[n] else "") for n in names])
+    heading = setting_label({k: v for k, v in group[0].items() if not chosen or k != "grid"})
+    ax.set(xlim=(0, 1), xlabel="test accuracy",
+           title=heading + (", each at its chosen combination" if chosen else ""))
     ax.grid(axis="x", alpha=0.3)
   swept = any(f"{key}=" in label for label in grids
               for key in ("conventions", *conventions_lib.KNOBS))
