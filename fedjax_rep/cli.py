@@ -316,8 +316,10 @@ def main(argv=None) -> int:
   tables = [name for name in (recipe_registry.get(recipe).summary_file, "selection.csv",
                                "selection.png", "search.csv", "search.png")
             if os.path.exists(os.path.join(out, name))]
+  searched = "search.csv" in tables  # its summary: mostly stopped candidates, left in the file
   for name in tables:
-    if name.endswith(".csv") and name != "search.csv":  # search.csv: a row per rung
+    if name.endswith(".csv") and name != "search.csv" and not (
+        searched and name == recipe_registry.get(recipe).summary_file):
       _print_table(os.path.join(out, name))
   print(f"wrote {out}/metrics.csv, config.json, {recipe}.png"
         + "".join(f", {name}" for name in tables))

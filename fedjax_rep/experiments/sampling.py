@@ -14,7 +14,6 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy.stats import qmc
 
 from fedjax_rep.experiments import config as cfg
 
@@ -92,6 +91,7 @@ def draw(distributions: dict[str, Distribution], trials: int, seed: int) -> list
   """`trials` points {KEY: value} of `distributions` (`parse`): the first `trials` of a
   Sobol sequence in as many dimensions, scrambled from `seed`, each coordinate through its
   key's distribution."""
+  from scipy.stats import qmc  # a large import, which runs without --sample skip
   sobol = qmc.Sobol(len(distributions), scramble=True,
                     rng=np.random.default_rng((seed, SEED_TAG)))
   points = sobol.random_base2(max(0, math.ceil(math.log2(trials))))[:trials]
