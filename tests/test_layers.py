@@ -23,6 +23,8 @@ LAZY = (
     ("fedjax_rep.core.checkpoint", "fedjax_rep.core.distributed",
      "the command line imports it before jax"),
     ("fedjax_rep.experiments.outputs", "jax", "the command line imports it before jax"),
+    ("fedjax_rep.experiments.sampling", "scipy", "--sample only: a slow import most runs "
+     "never need"),
 )
 
 
