@@ -25,6 +25,8 @@ LAZY = (
     ("fedjax_rep.experiments.outputs", "jax", "the command line imports it before jax"),
     ("fedjax_rep.experiments.sampling", "scipy", "--sample only: a slow import most runs "
      "never need"),
+    ("fedjax_rep.privacy.accountant", "dp_accounting", "DP runs only: the optional privacy "
+     "extra"),
 )
 
 
@@ -132,7 +134,8 @@ def test_the_graph_sees_lazy_imports_and_circles():
 LAYERS = (
     {"core"},                                # the contract, the round loop, keys, checkpoints
     {"native"},                              # the opt-in C++ kernels
-    {"data", "hetero", "linear"},            # datasets; clocks and speeds; the linear theory
+    {"data", "hetero", "linear", "privacy"},  # datasets; clocks and speeds; the linear
+                                              # theory; DP accounting
     {"nn"},                                  # the neural algorithms (on data's datasets)
     {"experiments"},                         # the framework that runs any recipe
     {"recipes"},                             # the papers

@@ -177,8 +177,8 @@ class Raises(fr.Personalized):
     (Raises(model=MODEL, cohort=4), HP,
      r"raises: client_update failed on the model's shapes: KeyError: 'body/nowhere'"),
     (make("fedrep"), HP.replace(options={"server_beta": jnp.float32(0.5)}),
-     r"fedrep takes no option 'server_beta'; its options: average_untrained, ft_epochs, "
-     r"no_bias_decay, uniform_average"),
+     r"fedrep takes no option 'server_beta'; its options: average_untrained, dp_clip, "
+     r"dp_noise, ft_epochs, no_bias_decay, uniform_average"),
 ])
 def test_a_mistake_in_a_users_algorithm_is_one_line_before_compiling(algorithm, hparams,
                                                                      message, compiles):

@@ -417,6 +417,7 @@ def validate(config):
                         f"be {check.describe()}, each once")
   _validate_options(config)
   config.check()
+  config.check_privacy()
   return config
 
 
@@ -489,6 +490,13 @@ class Config:
 
   def check(self) -> None:
     """ConfigError unless the cross-field rules hold (none here)."""
+
+  def private(self) -> bool:
+    """Whether this configuration asks for user-level differential privacy (not here)."""
+    return False
+
+  def check_privacy(self) -> None:
+    """ConfigError unless the differential-privacy settings hold (none here: no DP)."""
 
   def declared_options(self) -> dict:
     """{name: `nn.hparams.Option`} of the traced options this configuration takes as keys

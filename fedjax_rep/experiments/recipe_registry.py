@@ -47,6 +47,8 @@ class Recipe:
   searchable: run trains each grid of traced keys per algorithm and setting as the
   candidates of one `batch.Batch.train` call (`neural.trained`), which --search can stop
   early (`search`).
+  privacy: run applies user-level DP where the configuration asks for it (dp_epsilon,
+  dp_noise, dp_clip: `neural.trained`); elsewhere asking is refused.
   """
   name: str
   summary: str
@@ -64,6 +66,7 @@ class Recipe:
   rank: int = 1000
   docs: str = ""
   searchable: bool = False
+  privacy: bool = False
 
 
 RECIPES: dict[str, Recipe] = {}  # the recipes registered so far (see `all_recipes`)

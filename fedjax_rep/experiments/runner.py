@@ -50,6 +50,10 @@ def _prepare(name, quick, seeds, overrides, grid, sample=(), trials=None):
   swept = cfg.sweep(config, grid, overrides, _samples(recipe, config, sample, trials))
   for each in swept.configs:
     placement.check(each)
+    if each.private() and not recipe.privacy:
+      raise cfg.ConfigError(f"{name} does not run user-level DP (dp_epsilon, dp_noise, "
+                            f"dp_clip); the recipes that do: digits-personalized, "
+                            f"fedrep-table1-*, table1-synthetic, flute-table1")
   return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds), swept
 
 

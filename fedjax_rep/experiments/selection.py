@@ -20,7 +20,7 @@ RESULTS = ("combinations", "at_edge", "confirm_test_accuracy",
            "statistic", "seeds", "diverged", "last_evaluations", "rounds_to_95",
            "upload_bytes", "download_bytes", "flops_per_round", "paper_test_accuracy",
            "new_accuracy", "new_accuracy_std_over_seeds", "participation_gap", "rung",
-           "rung_rounds", "rung_val_accuracy")
+           "rung_rounds", "rung_val_accuracy", "dp_epsilon")
 
 
 def check(config, swept: cfg.Sweep, confirm_seeds: int | None) -> None:

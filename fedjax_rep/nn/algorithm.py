@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 from optax import tree_utils as otu
 
@@ -36,6 +37,7 @@ from fedjax_rep.nn import sharded
 from fedjax_rep.nn.hparams import NNHparams
 from fedjax_rep.nn.model_steps import ModelSteps
 from fedjax_rep.nn.state import NNState, RoundInfo
+from fedjax_rep.nn import privacy
 
 
 
@@ -61,9 +63,13 @@ class Personalized(ModelSteps):
   cohort_groups: int | None = None
   devices: int | None = None
   eval_clients: str = "all"
-  # Traced options all read (`hparams.Option`; subclasses add theirs): two conventions' flags.
+  # Traced options all read (`hparams.Option`; subclasses add theirs): two conventions'
+  # flags and user-level differential privacy's (`nn.privacy`).
   options: ClassVar[tuple] = (conventions.FLAGS["no_bias_decay"],
-                              conventions.FLAGS["uniform_average"])
+                              conventions.FLAGS["uniform_average"], *privacy.OPTIONS)
+  # Whether `server_update`, where overridden, is an average of what the clients send,
+  # which the DP mechanism may replace by its private mean (`nn.privacy.refusal`).
+  private_server: ClassVar[bool] = False
   # Compile the loop's programs for compile time on the CPU (`core.loop.QUICK_COMPILE`).
   quick_compile: ClassVar[bool] = True
   # The metric the loop's blow-up bound watches (`core.protocols.Algorithm`): train_loss.
@@ -114,6 +120,12 @@ class Personalized(ModelSteps):
     sums, total = self.cohort_sum(sent, weights)
     return otu.tree_where(total > 0, aggregate.mean(sums, total), shared), info.server
 
+  def shared_leaves(self, hparams: NNHparams) -> dict | None:
+    """{leaf of what `client_update` sends: bool or bool []}, the leaves a client really
+    shares (the DP mechanism clips and noises only those); None: every leaf it sends."""
+    del hparams
+    return None
+
   def eval_params(self, shared: dict, personal: dict, x, y, count, key, hparams) -> dict:
     """The flat params a client is tested with (default: shared + its personal ones)."""
     del x, y, count, key, hparams
@@ -159,6 +171,15 @@ class Personalized(ModelSteps):
     sharded.check_data(self, data)
     contract.check(self, data, hparams)
     sharded.check(self, data.num_clients)
+    if privacy.active(hparams):
+      why = privacy.refusal(type(self)) or (
+          f"it is sharded over {self.devices} devices" if self.devices is not None else None)
+      averaged = hparams.options.get(conventions.FLAGS["average_untrained"].name)
+      if why is None and averaged is not None and np.any(np.asarray(averaged) > 0):
+        why = ("the option average_untrained makes the server average personal parameters "
+               "(starting_heads=averaged)")
+      if why is not None:
+        raise ValueError(f"{self.name} cannot run under user-level DP (dp_clip): {why}")
 
   def init(self, key, data, hparams: NNHparams) -> NNState:
     """The model's initial params (one draw: every client starts from the same model),
@@ -210,8 +231,9 @@ class Personalized(ModelSteps):
     info = self.round_info(state, data.num_clients)
     state, sent, weights, losses = self.train_clients(state, key, data, hparams, clients,
                                                       clients, info, mask)
-    (shared, server), metrics = self.server_step(state.shared, sent, weights, losses,
-                                                 hparams, info)
+    (shared, server), metrics = self.server_step(
+        state.shared, sent, weights, losses, hparams, info,
+        jax.random.fold_in(key, data.num_clients))  # no client's key: those fold in < n
     state = state.replace(shared=shared, server=server)
     return self.finish_round(state, clients, weights, mask, hparams), metrics
 
@@ -240,11 +262,20 @@ class Personalized(ModelSteps):
     state = state.replace(personal=tree.scatter(state.personal, rows, personal))
     return state, sent, weights, losses
 
-  def server_step(self, shared: dict, sent, weights, losses, hparams, info: RoundInfo):
+  def server_step(self, shared: dict, sent, weights, losses, hparams, info: RoundInfo,
+                  key=None):
     """((new shared params, new server state) of `server_update`, metrics: train_loss, the
-    `weights`-weighted mean of the cohort's losses [c])."""
-    return (self.server_update(shared, sent, weights, hparams, info),
-            {"train_loss": aggregate.mean(*self.cohort_sum(losses, weights))})
+    `weights`-weighted mean of the cohort's losses [c]). Under user-level DP (the option
+    dp_clip, `nn.privacy`), `server_update` gets the private mean of `sent`
+    (noise from `key`) as the one update of the round, and the metrics dp_clipped."""
+    metrics = {"train_loss": aggregate.mean(*self.cohort_sum(losses, weights))}
+    if privacy.active(hparams):
+      mean, private = privacy.private_mean({p: shared[p] for p in sent}, sent, weights,
+                                           self.shared_leaves(hparams), hparams,
+                                           self.cohort, key)
+      sent, weights = jax.tree.map(lambda a: a[None], mean), jnp.ones(1)
+      metrics.update(private)
+    return self.server_update(shared, sent, weights, hparams, info), metrics
 
   def finish_round(self, state: NNState, clients, weights, mask, hparams) -> NNState:
     """`state` after the server step of a round of clients `clients` [c] (mask [c]: those

@@ -49,6 +49,8 @@ class FedBABU(Personalized):
     body, loss = self.sgd(body_loss, body, x, y, count, key, hparams, self.local_epochs)
     return body, personal, loss
 
+  private_server = True  # its server_update averages the bodies sent
+
   def server_update(self, shared, sent, weights, hparams, info):
     """The count-weighted mean of the bodies the cohort sent; the head as it was."""
     body, _ = params_lib.split(shared, params_lib.head_personal(shared))

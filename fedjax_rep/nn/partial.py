@@ -167,6 +167,10 @@ class PartialSharing(Personalized):
     trained, mean_loss = self.sgd(loss, part, x, y, count, key, hparams, epochs)
     return params_lib.merge(trained, frozen), mean_loss
 
+  def shared_leaves(self, hparams):
+    """Traced, the member's shared leaves (the program sends every leaf); else None."""
+    return hparams.member.shared if self.traced else None
+
   def shares_params(self, hparams):
     if not self.traced:
       return True

@@ -82,4 +82,4 @@ RECIPE = register(Recipe(
             "FedAvg-FT, local; test accuracy vs rounds",
     config=Config, quick={"rounds": 40}, run=run, plot=plot, default_seeds=3,
     summarize=summarize, traced=neural.traced_keys, summary_only=summaries.COST,
-    searchable=True))
+    searchable=True, privacy=True))

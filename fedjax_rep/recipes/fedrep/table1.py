@@ -150,6 +150,7 @@ def _register(name: str, named, config, run, settings, quick: dict, summary: str
                   summary_file="table1.csv",
                   mock_data=lambda config: mock_data(config, named(config)[1]), rank=140,
                   traced=neural.traced_keys, summary_only=summaries.COST, searchable=True,
+                  privacy=True,
                   docs="docs/papers/fedrep.md#table-1-neural-networks-on-real-data"))
 
 

@@ -87,4 +87,5 @@ RECIPE = register(Recipe(
     config=Config, quick={"num_clients": 20, "rounds": 20, "algorithms": QUICK_ALGORITHMS},
     run=run, plot=plot,
     default_seeds=3, summarize=summarize, summary_file="table1.csv",
-    traced=neural.traced_keys, summary_only=summaries.COST, searchable=True))
+    traced=neural.traced_keys, summary_only=summaries.COST, searchable=True,
+    privacy=True))

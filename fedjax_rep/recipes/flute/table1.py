@@ -103,4 +103,4 @@ RECIPE = register(Recipe(
     run=table.dataset_run, plot=plot, default_seeds=1, summarize=summarize,
     summary_file="table1.csv",
     mock_data=mock_data, traced=neural.traced_keys, summary_only=summaries.COST,
-    searchable=True))
+    searchable=True, privacy=True))

@@ -5,6 +5,7 @@ algorithms with config's structure and conventions, trained by the batch runner 
 summaries: `summaries`)."""
 
 import dataclasses
+import math
 
 import jax
 import numpy as np
@@ -26,10 +27,14 @@ from fedjax_rep.nn import algorithms as nn_algorithms
 from fedjax_rep.nn import sharded as nn_sharded
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import placement
+from fedjax_rep.privacy import accountant as privacy_accountant
+from fedjax_rep.nn import privacy as privacy_mechanism
 from fedjax_rep.recipes.kit import shared
 from fedjax_rep.recipes.kit import summaries
 
-TRACED = ("lr", "momentum", "weight_decay")  # the fields a grid sweeps in one program
+# The fields a grid sweeps in one program.
+TRACED = ("lr", "momentum", "weight_decay", "dp_noise", "dp_clip")
+DEFAULT_CLIP = 1.0  # user-level DP's dp_clip where DP is asked for without it
 DEFAULT_ALGORITHMS = ("fedrep", "fedper", "lg-fedavg", "fedavg", "fedavg-ft", "local")
 
 
@@ -116,6 +121,36 @@ def new_epochs(default=10):
                           "it is tested (new_clients)", default)
 
 
+def dp_epsilon(default=None):
+  return cfg.setting(default, cfg.Check(float, low=0.0, open_low=True, optional=True,
+                                        auto="none: DP only where dp_noise is given"),
+                     "user-level DP: the ε to spend over the run's rounds; calibrates the "
+                     "noise multiplier dp_noise with the accountant (needs pip install "
+                     "'.[privacy]'; docs/neural.md)")
+
+
+def dp_noise(default=None):
+  return cfg.setting(default, cfg.Check(float, low=0.0, optional=True,
+                                        auto="none, or calibrated to dp_epsilon"),
+                     "user-level DP: the noise multiplier (Gaussian noise of std dp_noise x "
+                     "dp_clip on the sum of the cohort's clipped updates); the ε it spends "
+                     "is reported (dp_epsilon in metrics.csv)")
+
+
+def dp_clip(default=None):
+  return cfg.setting(default, cfg.Check(float, low=0.0, open_low=True, optional=True,
+                                        auto=f"{DEFAULT_CLIP:g} where DP is asked for"),
+                     "user-level DP: the L2 norm each sampled client's update of the "
+                     "shared parameters is clipped to")
+
+
+def dp_delta(default=None):
+  return cfg.setting(default, cfg.Check(float, low=0.0, high=1.0, open_low=True,
+                                        open_high=True, optional=True,
+                                        auto="1 / n^1.1, n the training clients"),
+                     "user-level DP: the δ of (ε, δ)")
+
+
 def client_group(default=10):
   return cfg.positive_int("clients trained together in one vmap (groups run one after "
                           "another: memory vs speed)", default)
@@ -180,6 +215,10 @@ class Training(cfg.Config):
   validation_fraction: float = validation_fraction()
   new_clients: float = new_clients()
   new_epochs: int = new_epochs()
+  dp_epsilon: float | None = dp_epsilon()
+  dp_noise: float | None = dp_noise()
+  dp_clip: float | None = dp_clip()
+  dp_delta: float | None = dp_delta()
   summary: str = summary_statistic()
   seed: int = cfg.seed()
   client_group: int = client_group()
@@ -199,14 +238,20 @@ class Training(cfg.Config):
     (under a grid, one such entry per combination, under its label); of the algorithms'
     options: {"options": {name: value}}, every option `declared_options` has, at the value
     the configuration sets or else its default ("auto" where the algorithm computes it; a
-    grid's values are under "grid"); and of the precision (`precision_record`)."""
+    grid's values are under "grid"); of the precision (`precision_record`); and with
+    user-level DP, under "privacy", `privacy_record` (per combination under a grid)."""
     record = lambda c: {"preset": c.conventions, **resolved_conventions(c).described()}
     conventions = (dict(zip(swept.labels, map(record, swept.configs))) if swept.grid
                    else record(self))
     given = dict(self.options)
     options = {name: given.get(name, "auto" if option.default is None else option.default)
                for name, option in sorted(self.declared_options().items())}
-    return {"conventions": conventions, "options": options, **precision_record(self, swept)}
+    private = {label: privacy_record(c) for label, c in
+               zip(swept.labels, swept.configs) if c.private()}
+    if not swept.grid and private:
+      private = privacy_record(self)
+    return {"conventions": conventions, "options": options, **precision_record(self, swept),
+            **({"privacy": private} if private else {})}
 
   def declared_options(self) -> dict[str, hparams_lib.Option]:
     """{name: Option} of the traced options that the algorithms in `algorithms` declare,
@@ -221,6 +266,37 @@ class Training(cfg.Config):
     """None when the neural algorithm `name` can run sharded, else why not
     (`nn.sharded.refusal`)."""
     return nn_sharded.refusal(nn_algorithms.CLASSES[name])
+
+  def private(self) -> bool:
+    """Whether this configuration asks for user-level DP (dp_epsilon, dp_noise or
+    dp_clip)."""
+    return any(v is not None for v in (self.dp_epsilon, self.dp_noise, self.dp_clip))
+
+  def check_privacy(self) -> None:
+    """ConfigError (one line) where DP is asked for and dp_epsilon and dp_noise are both
+    given, an algorithm cannot be privatised (`nn.privacy.refusal`), the conventions
+    make the server average personal parameters, or the clients are sharded; or where
+    dp_delta is given without DP."""
+    if not self.private():
+      if self.dp_delta is not None:
+        raise cfg.ConfigError("dp_delta is the δ of user-level DP: give dp_epsilon (or "
+                              "dp_noise) too, or leave dp_delta out")
+      return
+    if self.dp_epsilon is not None and self.dp_noise is not None:
+      raise cfg.ConfigError("give dp_epsilon (which calibrates the noise multiplier) or "
+                            "dp_noise (whose ε is reported), not both")
+    for name in self.algorithms:  # (a recipe's own names, e.g. srpfl-neural's: its refusal)
+      kind = nn_algorithms.CLASSES.get(name)
+      why = kind and privacy_mechanism.refusal(kind)
+      if why is not None:
+        raise cfg.ConfigError(f"{name} cannot run under user-level DP: {why}; leave it out "
+                              f"of algorithms")
+    if resolved_conventions(self).starting_heads == "averaged":
+      raise cfg.ConfigError("user-level DP: starting_heads=averaged makes the server average "
+                            "personal parameters; give --set starting_heads=initial (or "
+                            "conventions=paper)")
+    if self.devices != 1:
+      raise cfg.ConfigError("user-level DP runs on one device: give devices=1")
 
 
 def resolved_conventions(config) -> conventions_lib.Conventions:
@@ -381,16 +457,67 @@ def trained(batch, unit_name, name, config, model, data, keys, num_clients, grid
   peers = [algorithm(n, config, model, num_clients) for n in config.algorithms]
   own = algorithm(name, config, model, num_clients)
   settings = [cfg.apply(config, combination) for combination in grid or [{}]]
-  programs = [shared_program(s, own, hparams(s), peers, data) for s in settings]
+  private = [privacy(s, num_clients, own.cohort) for s in settings]
+  programs = [shared_program(s, own, hparams(s).replace(options={
+      **hparams(s).options, **p}), peers, data) for s, p in zip(settings, private)]
   results = batch.train(unit_name, with_new_clients(programs[0][0], config, data), data,
                         [h for _, h in programs], keys, config.rounds,
                         eval_every=config.eval_every, members=members,
                         searched=grid is not None)
+  for result, s, p in zip(results, settings, private):
+    if p:
+      spent = privacy_accountant.epsilons(p["dp_noise"], num_clients, own.cohort,
+                                          list(np.asarray(result["eval_rounds"])),
+                                          delta(s, num_clients))
+      runs_count = next(iter(result["eval"].values())).shape[0]
+      result["eval"]["dp_epsilon"] = np.tile(np.asarray(spent, np.float64), (runs_count, 1))
   flops = batch.unit(f"{unit_name}-flops", lambda: {"flops_per_round": np.float64(
       cost_lib.round_flops(own, training, hparams(config)))})["flops_per_round"]
   return [{**result, "cost": {**cost_lib.communication(own, training, hparams(s)),
                               "flops_per_round": float(flops)}}
           for result, s in zip(results, settings)]
+
+
+def delta(config, num_clients: int) -> float:
+  """config's dp_delta, else `privacy.accountant.default_delta` of the num_clients
+  training clients."""
+  return (privacy_accountant.default_delta(num_clients) if config.dp_delta is None
+          else config.dp_delta)
+
+
+def privacy(config, num_clients: int, cohort: int) -> dict:
+  """The DP options of config's runs on num_clients training clients in cohorts of
+  `cohort` ({} without DP): dp_clip (given, else DEFAULT_CLIP) and dp_noise (given, else
+  calibrated by the accountant so that config.rounds rounds spend dp_epsilon at `delta`,
+  else 0: clipping alone)."""
+  if not config.private():
+    return {}
+  noise = config.dp_noise
+  if noise is None:
+    noise = (privacy_accountant.calibrate(config.dp_epsilon, num_clients, cohort,
+                                          config.rounds, delta(config, num_clients))
+             if config.dp_epsilon is not None else 0.0)
+  clip = DEFAULT_CLIP if config.dp_clip is None else config.dp_clip
+  return {privacy_mechanism.CLIP.name: float(clip), privacy_mechanism.NOISE.name: float(noise)}
+
+
+def privacy_record(config) -> dict:
+  """What config.json records of config's user-level DP (`privacy.accountant.record`: the
+  mechanism, accountant, sampling, noise multiplier used (calibrated or given), clip, δ
+  and the ε spent over its rounds), for its num_clients; where the recipe has several
+  (Table 1's settings), the noise is calibrated per setting: the target and the rule."""
+  num_clients = getattr(config, "num_clients", None)
+  if not isinstance(num_clients, int):
+    return {"dp_epsilon": config.dp_epsilon, "noise_multiplier": "calibrated per setting",
+            "dp_delta": config.dp_delta or "1 / n^1.1"}
+  n = training_count(config, num_clients)
+  cohort = cohort_size(n, config.participation)
+  options = privacy(config, n, cohort)
+  noise, clip = options[privacy_mechanism.NOISE.name], options[privacy_mechanism.CLIP.name]
+  spent = privacy_accountant.epsilon(noise, n, cohort, config.rounds, delta(config, n))
+  recorded = privacy_accountant.record(noise, clip, delta(config, n), spent,
+                                       calibrated=config.dp_epsilon is not None)
+  return {**recorded, "epsilon": spent if math.isfinite(spent) else "inf (no noise)"}
 
 
 def run_keys(seed_values, repeats: int = 1) -> jax.Array:

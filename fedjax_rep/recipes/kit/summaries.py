@@ -77,7 +77,8 @@ def summary(metrics_rows, algorithms_order, statistic: str = "last10"):
   (val_accuracy, val_accuracy_std_over_seeds), and `best` then picks each run's round by
   validation; with new clients (new_accuracy in the rows) the same of theirs (new_accuracy,
   new_accuracy_std_over_seeds) and participation_gap = test_accuracy - new_accuracy (the
-  training clients' accuracy less the new clients'). `statistic` says which
+  training clients' accuracy less the new clients'); with user-level DP (dp_epsilon in the
+  rows) the ε the run spent, dp_epsilon. `statistic` says which
   (`statistic_text`), `last_evaluations` how many evaluations it was taken over (the fewest
   of any seed; 0 where none was), `seeds` how many seeds were averaged, `diverged` how
   many were left out because their run diverged (a `diverged_round` in its rows),
@@ -86,11 +87,13 @@ def summary(metrics_rows, algorithms_order, statistic: str = "last10"):
   table = []
   nan = float("nan")
   for name in algorithms_order:
-    per_seed, diverged, cost = {}, set(), {}
+    per_seed, diverged, cost, spent = {}, set(), {}, []
     for r in metrics_rows:
       if r["algorithm"] != name:
         continue
       cost = cost or {k: r[k] for k in COST if k in r}
+      if r.get("dp_epsilon") is not None:
+        spent.append(r["dp_epsilon"])
       if r.get("diverged_round"):
         diverged.add(r["seed"])
       elif r.get("test_accuracy") is not None:
@@ -118,6 +121,7 @@ def summary(metrics_rows, algorithms_order, statistic: str = "last10"):
                                            "best": evaluations}[statistic], evaluations),
                   "rounds_to_95": float(np.nanmean([f["rounds_to_95"] for f in finals]))
                   if finals and not all(np.isnan(f["rounds_to_95"]) for f in finals) else nan,
+                  **({"dp_epsilon": float(np.nanmax(spent))} if spent else {}),
                   **cost})
   return table
 

@@ -1,0 +1,1 @@
+"""Differential privacy of a federated run: its user-level (epsilon, delta) accounting."""
