@@ -134,7 +134,7 @@ class Batch:
     calls = -(-count // width)
     axes = _settings_axes(settings)
     runs = jax.tree.leaves(data)[0].shape[0]
-    structure = None if carried is None and not carry else jax.tree.structure(
+    structure = None if carried is None else jax.tree.structure(
         jax.eval_shape(algorithm.init, *_one_run(keys, data), settings[0]))
     results = []
     for start in range(0, count, width):

@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_rep.core import loop
-from fedjax_rep.core import tree
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import plotting
@@ -28,7 +27,6 @@ from fedjax_rep.experiments.recipe_registry import Recipe, register
 from fedjax_rep.nn import cka
 from fedjax_rep.recipes.fedavg_ft import compared
 from fedjax_rep.recipes.fedavg_ft import transfer
-from fedjax_rep.recipes.kit import neural
 from fedjax_rep.recipes.kit import shared
 
 
@@ -69,16 +67,10 @@ def run(config: Config, seeds: int, batch) -> list[dict]:
   clients, new, probe, model = transfer.prepared(config, seed_values, config.probe_samples)
   new = jax.tree.map(lambda leaf: leaf[:, 0], new)  # the one sample count: [S, J, ...]
   keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data
-  hparams = neural.hparams(config)
-  rows, finals, metrics, algorithm = compared.train(config, clients, model, [hparams], keys,
-                                                    [{}], batch)
+  rows, finals, analysis = transfer.trained_and_analysed(
+      config, clients, model, keys, batch, lambda algorithm, models, hparams: analyse(
+          algorithm, models, probe, new, hparams, keys[:, 1], epochs=config.finetune_epochs))
   layer_names = [layer.removeprefix("body/") for layer in cka.layers(finals[0][0])]
-  # One program for both final models: the last algorithm's structure serves both.
-  analysis = batch.unit("analysis", lambda: jax.device_get(analyse(
-      algorithm, tree.stack([f[0] for f in finals]), probe, new, hparams, keys[:, 1],
-      epochs=config.finetune_epochs)))
-  analysis = {k: np.stack([shared.nan_where_diverged(v[a], m[0])  # NaN: diverged
-                           for a, m in enumerate(metrics)]) for k, v in analysis.items()}
   return rows + analysis_rows(analysis, seed_values, layer_names, config)
 
 
@@ -91,9 +83,7 @@ def analysis_rows(analysis: dict, seed_values: list[int], layer_names: list[str]
   rows = []
   for a, name in enumerate(compared.COMPARED):
     for s, seed_value in enumerate(seed_values):
-      base = {"algorithm": name, "seed": seed_value,
-              "round": compared.final_round(name, config),
-              "local_steps": compared.local_steps(name, config)}
+      base = transfer.row_base(name, seed_value, config)
       values = analysis["cka"][a, s]  # [J, L]
       rows += [{**base, "layer": layer, "layer_index": i,
                 "cka": float(np.mean(values[:, i])), "cka_std": float(np.std(values[:, i]))}

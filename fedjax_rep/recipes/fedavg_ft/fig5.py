@@ -19,14 +19,12 @@ import jax
 import numpy as np
 
 from fedjax_rep.core import loop
-from fedjax_rep.core import tree
 from fedjax_rep.experiments import config as cfg
 from fedjax_rep.experiments import labels
 from fedjax_rep.experiments import plotting
 from fedjax_rep.experiments.recipe_registry import Recipe, register
 from fedjax_rep.recipes.fedavg_ft import compared
 from fedjax_rep.recipes.fedavg_ft import transfer
-from fedjax_rep.recipes.kit import neural
 from fedjax_rep.recipes.kit import shared
 
 FINETUNE = ("model", "head")  # what a new client fine-tunes
@@ -67,15 +65,10 @@ def run(config: Config, seeds: int, batch) -> list[dict]:
   seed_values = config.seed_values(seeds)
   clients, new, _, model = transfer.prepared(config, seed_values)
   keys = shared.seed_keys(config.seed, seeds)  # training: the run keys; fine-tuning: data
-  hparams = neural.hparams(config)
-  rows, finals, metrics, algorithm = compared.train(config, clients, model, [hparams], keys,
-                                                    [{}], batch)
-  # One program for both final models: the last algorithm's structure serves both.
-  analysis = batch.unit("analysis", lambda: jax.device_get(analyse(
-      algorithm, tree.stack([f[0] for f in finals]), new, hparams, keys[:, 1],
-      epochs=config.finetune_epochs, finetune=config.finetune)))
-  analysis = {k: np.stack([shared.nan_where_diverged(v[a], m[0])  # NaN: diverged
-                           for a, m in enumerate(metrics)]) for k, v in analysis.items()}
+  rows, _, analysis = transfer.trained_and_analysed(
+      config, clients, model, keys, batch, lambda algorithm, models, hparams: analyse(
+          algorithm, models, new, hparams, keys[:, 1], epochs=config.finetune_epochs,
+          finetune=config.finetune))
   return rows + analysis_rows(analysis, seed_values, config)
 
 
@@ -86,9 +79,7 @@ def analysis_rows(analysis: dict, seed_values: list[int], config: Config) -> lis
   rows = []
   for a, name in enumerate(compared.COMPARED):
     for s, seed_value in enumerate(seed_values):
-      base = {"algorithm": name, "seed": seed_value,
-              "round": compared.final_round(name, config),
-              "local_steps": compared.local_steps(name, config)}
+      base = transfer.row_base(name, seed_value, config)
       rows += [{**base, "finetune_samples": k,
                 "new_client_accuracy": float(analysis["accuracy"][a, s, j]),
                 "new_client_accuracy_std": float(analysis["accuracy_std"][a, s, j])}

@@ -30,6 +30,7 @@ from fedjax_rep.experiments import plotting
 from fedjax_rep.nn import evaluation, train
 from fedjax_rep.recipes.fedavg_ft import compared
 from fedjax_rep.recipes.kit import neural
+from fedjax_rep.recipes.kit import shared
 
 TRANSFORMED = "transformed"  # new_dataset: `dataset` mirrored, inverted and relabelled
 MODELS = ("auto", "digits-mlp", "digits-cnn", "cifar10-cnn", "cifar100-cnn", "mlp")
@@ -162,6 +163,29 @@ def prepared(config: Config, seed_values: list[int], probe_samples: int = 0):
   model = neural.dataset_model(config.dataset, clients.input_spec(1).shape, config.precision,
                                None if config.model == "auto" else config.model)
   return clients, new, probe, model
+
+
+def trained_and_analysed(config: Config, clients, model, keys, batch, analyse) -> tuple:
+  """(metrics.csv rows of training, the final models, the analysis): `compared.train` of
+  config's hparams on `clients` (keys [seeds, 3]), then the unit 'analysis':
+  analyse(algorithm, final models stacked [A, ...], hparams) -> {name: [A, seeds, ...]}
+  (one program for both final models: the last algorithm's structure serves both), NaN
+  for the runs that diverged (`shared.nan_where_diverged`)."""
+  hparams = neural.hparams(config)
+  rows, finals, metrics, algorithm = compared.train(config, clients, model, [hparams], keys,
+                                                    [{}], batch)
+  analysis = batch.unit("analysis", lambda: jax.device_get(analyse(
+      algorithm, tree.stack([f[0] for f in finals]), hparams)))
+  analysis = {k: np.stack([shared.nan_where_diverged(v[a], m[0])
+                           for a, m in enumerate(metrics)]) for k, v in analysis.items()}
+  return rows, finals, analysis
+
+
+def row_base(name: str, seed_value: int, config: Config) -> dict:
+  """The columns of an analysis row of algorithm `name` on seed `seed_value`: algorithm,
+  seed, its final round and its local steps (`compared`)."""
+  return {"algorithm": name, "seed": seed_value, "round": compared.final_round(name, config),
+          "local_steps": compared.local_steps(name, config)}
 
 
 def fine_tuned(algorithm, flat: dict, new, hparams, key, epochs: int, measure=None) -> dict:

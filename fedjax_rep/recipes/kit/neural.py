@@ -458,8 +458,8 @@ def trained(batch, unit_name, name, config, model, data, keys, num_clients, grid
   own = algorithm(name, config, model, num_clients)
   settings = [cfg.apply(config, combination) for combination in grid or [{}]]
   private = [privacy(s, num_clients, own.cohort) for s in settings]
-  programs = [shared_program(s, own, hparams(s).replace(options={
-      **hparams(s).options, **p}), peers, data) for s, p in zip(settings, private)]
+  programs = [shared_program(s, own, with_options(hparams(s), p), peers, data)
+              for s, p in zip(settings, private)]
   results = batch.train(unit_name, with_new_clients(programs[0][0], config, data), data,
                         [h for _, h in programs], keys, config.rounds,
                         eval_every=config.eval_every, members=members,
@@ -476,6 +476,11 @@ def trained(batch, unit_name, name, config, model, data, keys, num_clients, grid
   return [{**result, "cost": {**cost_lib.communication(own, training, hparams(s)),
                               "flops_per_round": float(flops)}}
           for result, s in zip(results, settings)]
+
+
+def with_options(given: hparams_lib.NNHparams, options: dict) -> hparams_lib.NNHparams:
+  """`given` with `options` added to (or replacing) its options."""
+  return given.replace(options={**given.options, **options})
 
 
 def delta(config, num_clients: int) -> float:
