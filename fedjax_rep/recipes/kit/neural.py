@@ -308,10 +308,12 @@ def resolved_conventions(config) -> conventions_lib.Conventions:
 
 
 def options_text(config) -> str:
-  """A figure title's words for the traced options config sets, e.g. ", server_beta=0.9"
-  (empty where it sets none)."""
+  """A figure title's words for the traced options config sets and its user-level DP
+  settings, e.g. ", server_beta=0.9, dp_epsilon=1" (empty where it sets none)."""
+  private = [(name, getattr(config, name)) for name in ("dp_epsilon", "dp_noise", "dp_clip")
+             if getattr(config, name) is not None]
   return "".join(f", {name}={value if isinstance(value, str) else format(value, 'g')}"
-                 for name, value in config.options)
+                 for name, value in (*config.options, *private))
 
 
 def conventions_text(config) -> str:
