@@ -9,7 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
+from fedjax_rep.core import cohort as cohort_lib
 from fedjax_rep.core import loop
 from fedjax_rep.data import digits, federated
 from fedjax_rep.nn import algorithms as nn_algorithms
@@ -97,3 +99,53 @@ def test_an_algorithm_whose_server_sees_other_client_data_is_refused(name):
 def test_fedbabu_averages_its_bodies_and_runs_privately():
   assert mechanism.refusal(nn_algorithms.CLASSES["fedbabu"]) is None
   assert dataclasses.is_dataclass(nn_algorithms.CLASSES["fedbabu"])
+
+
+def test_poisson_sampling_trains_a_uniform_subset_of_a_truncated_binomial_size():
+  n, c, draws = 50, 10, 20_000
+  hparams = hparams_lib.hparams(0.1, 0.0, 0.0, dp_clip=1.0, dp_poisson=1.0)
+
+  def draw(key):  # as Algorithm.round draws a round's clients and who of them trains
+    clients = cohort_lib.sample_cohort(key, n, c)
+    return clients, mechanism.poisson_mask(jax.random.fold_in(key, 1), n, c, hparams)
+
+  clients, masks = jax.jit(jax.vmap(draw))(jax.random.split(jax.random.key(0), draws))
+  trained = np.asarray(masks).sum(axis=1)
+  k = np.arange(n + 1)
+  exact = stats.binom.pmf(k, n, c / n)
+  expected = np.minimum(k, c) @ exact
+  assert abs(trained.mean() / expected - 1) < 0.01
+  assert abs(np.mean(trained == c) / exact[c:].sum() - 1) < 0.03  # truncated rounds
+  assert np.all(np.asarray(masks)[np.arange(draws), np.maximum(trained - 1, 0)] | (trained == 0))
+  joined = np.bincount(np.asarray(clients)[np.asarray(masks)], minlength=n) / draws
+  spread = np.sqrt(expected / n * (1 - expected / n) / draws)
+  assert np.max(np.abs(joined - expected / n)) < 5 * spread  # every client alike
+  assert mechanism.poisson_mask(jax.random.key(0), n, c, hparams_lib.hparams(
+      0.1, 0.0, 0.0, dp_clip=1.0)) is None
+  off = mechanism.poisson_mask(jax.random.key(0), n, c, hparams_lib.hparams(
+      0.1, 0.0, 0.0, dp_clip=1.0, dp_poisson=0.0))
+  assert np.all(np.asarray(off))
+
+
+def test_a_poisson_round_trains_only_the_clients_that_joined():
+  poisson = small_run("fedrep", {"dp_clip": 1.0, "dp_noise": 0.5, "dp_poisson": 1.0},
+                      rounds=6)
+  fixed = small_run("fedrep", {"dp_clip": 1.0, "dp_noise": 0.5}, rounds=6)
+  assert np.all(np.isfinite(poisson.metrics["train_loss"]))
+  assert not np.allclose(poisson.metrics["train_loss"], fixed.metrics["train_loss"])
+  again = small_run("fedrep", {"dp_clip": 1.0, "dp_noise": 0.5, "dp_poisson": 1.0}, rounds=6)
+  np.testing.assert_array_equal(poisson.metrics["train_loss"], again.metrics["train_loss"])
+
+
+@pytest.mark.parametrize("placement, words", [
+    ({"cohort": 10}, "needs a cohort below the 10 clients"),
+    ({"cohort_groups": 2}, "stratified over 2 groups")])
+def test_poisson_at_full_participation_and_a_stratified_cohort_are_refused(placement, words):
+  data = digits.federated(10, "classes", 2, seed=0)
+  model = models.make_model("digits-mlp", digits.NUM_CLASSES)
+  algorithm = nn_algorithms.make_algorithm(
+      "fedrep", model=model, local_epochs=1, head_epochs=1, batch_size=10,
+      **{"cohort": 4, **placement})
+  hparams = hparams_lib.hparams(0.05, 0.5, 1e-4, dp_clip=1.0, dp_poisson=1.0)
+  with pytest.raises(ValueError, match=words):
+    algorithm.check(data, hparams)

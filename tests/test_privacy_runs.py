@@ -92,3 +92,29 @@ def test_a_recipe_that_does_not_run_dp_refuses_it():
   with pytest.raises(cfg.ConfigError, match="srpfl-neural does not run user-level DP"):
     runner.run("srpfl-neural", quick=True, seeds=1, progress=False,
                overrides=["dp_epsilon=1"])
+
+
+def test_poisson_sampling_is_accounted_by_pld_and_recorded(tmp_path):
+  out = str(tmp_path / "poisson")
+  runner.run_to_dir("digits-personalized", quick=True, seeds=1, out=out, progress=False,
+                    overrides=[*SMALL, "algorithms=fedrep", "dp_epsilon=2",
+                               "dp_sampling=poisson"])
+  record = json.load(open(os.path.join(out, "config.json")))["privacy"]
+  assert record["accountant"].startswith("pld") and "Poisson" in record["sampling"]
+  cohort = cohort_size(20, 0.1)
+  expected = accountant.epsilon(record["noise_multiplier"], 20, cohort, 4,
+                                accountant.default_delta(20), sampling="poisson")
+  assert record["epsilon"] == pytest.approx(expected, rel=1e-9)
+  assert 1.98 <= record["epsilon"] <= 2.0
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["dp_epsilon=1", "dp_accountant=pld"], "pld"),
+    (["dp_epsilon=1", "dp_sampling=poisson", "dp_accountant=rdp"], "rdp"),
+    (["dp_sampling=poisson"], "dp_sampling is the sampling of user-level DP"),
+])
+def test_an_accountant_that_cannot_account_the_sampling_is_refused(overrides, words, compiles):
+  with pytest.raises(cfg.ConfigError, match=words) as error:
+    runner.run("digits-personalized", quick=True, seeds=1, progress=False,
+               overrides=[*SMALL, *overrides])
+  assert "\n" not in str(error.value) and compiles.count == 0

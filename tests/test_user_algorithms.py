@@ -178,7 +178,7 @@ class Raises(fr.Personalized):
      r"raises: client_update failed on the model's shapes: KeyError: 'body/nowhere'"),
     (make("fedrep"), HP.replace(options={"server_beta": jnp.float32(0.5)}),
      r"fedrep takes no option 'server_beta'; its options: average_untrained, dp_clip, "
-     r"dp_noise, ft_epochs, no_bias_decay, uniform_average"),
+     r"dp_noise, dp_poisson, ft_epochs, no_bias_decay, uniform_average"),
 ])
 def test_a_mistake_in_a_users_algorithm_is_one_line_before_compiling(algorithm, hparams,
                                                                      message, compiles):

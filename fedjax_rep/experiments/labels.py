@@ -10,6 +10,7 @@ LABELS = {
     "fedrep-ri": "FedRep(RI)", "gd-gd": "GD-GD", "10gd-gd": "10GD-GD", "d-gd": "D-GD",
     "d-sgd": "D-SGD", "fedavg-steps": "FedAvg", "srpfl": "SRPFL", "lg-srpfl": "LG-SRPFL",
     "flanp": "FLANP", "flanp-ft": "FLANP-FT", "fastest-n": "fastest n0 only",
+    "centaur": "CENTAUR", "dp-fedavg-ft": "DP-FedAvg-FT",
 }
 
 

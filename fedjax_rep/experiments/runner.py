@@ -51,9 +51,9 @@ def _prepare(name, quick, seeds, overrides, grid, sample=(), trials=None):
   for each in swept.configs:
     placement.check(each)
     if each.private() and not recipe.privacy:
+      able = sorted(r.name for r in recipe_registry.all_recipes().values() if r.privacy)
       raise cfg.ConfigError(f"{name} does not run user-level DP (dp_epsilon, dp_noise, "
-                            f"dp_clip); the recipes that do: digits-personalized, "
-                            f"fedrep-table1-*, table1-synthetic, flute-table1")
+                            f"dp_clip); the recipes that do: {', '.join(able)}")
   return recipe, config, check_seeds(recipe.default_seeds if seeds is None else seeds), swept
 
 

@@ -20,7 +20,6 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 from optax import tree_utils as otu
 
@@ -172,12 +171,7 @@ class Personalized(ModelSteps):
     contract.check(self, data, hparams)
     sharded.check(self, data.num_clients)
     if privacy.active(hparams):
-      why = privacy.refusal(type(self)) or (
-          f"it is sharded over {self.devices} devices" if self.devices is not None else None)
-      averaged = hparams.options.get(conventions.FLAGS["average_untrained"].name)
-      if why is None and averaged is not None and np.any(np.asarray(averaged) > 0):
-        why = ("the option average_untrained makes the server average personal parameters "
-               "(starting_heads=averaged)")
+      why = privacy.run_refusal(self, data.num_clients, hparams)
       if why is not None:
         raise ValueError(f"{self.name} cannot run under user-level DP (dp_clip): {why}")
 
@@ -206,7 +200,8 @@ class Personalized(ModelSteps):
 
   def round(self, state: NNState, key, data, hparams: NNHparams):
     """One round: the cohort drawn from `key` (uniformly, or stratified over the cohort
-    groups) trains and the server updates (`masked_round`; sharded: `sharded.round`)."""
+    groups; under DP's Poisson sampling those of it that join, `privacy.poisson_mask`)
+    trains and the server updates (`masked_round`; sharded: `sharded.round`)."""
     sharded.check(self, data.num_clients)
     key_cohort, key_clients = jax.random.split(key)
     groups = sharded.cohort_groups(self)
@@ -217,7 +212,9 @@ class Personalized(ModelSteps):
     clients = (cohort_lib.sample_cohort(key_cohort, data.num_clients, self.cohort)
                if groups is None else
                cohort_lib.sample_grouped(key_cohort, data.num_clients, self.cohort, groups))
-    return self.masked_round(state, key_clients, data, hparams, clients)
+    mask = privacy.poisson_mask(jax.random.fold_in(key_cohort, 1), data.num_clients,
+                                self.cohort, hparams)
+    return self.masked_round(state, key_clients, data, hparams, clients, mask)
 
   def masked_round(self, state: NNState, key, data, hparams: NNHparams, clients, mask=None):
     """One round of clients `clients` [c] where `mask` [c] (bool; None: all) is True: they

@@ -5,14 +5,17 @@ With the option dp_clip C given, each sampled client's update of the shared para
 (what it sends minus the round's values, over the leaves it shares) is clipped to L2 norm
 C; the server sums the clipped updates with equal weights, adds Gaussian noise of std
 dp_noise * C per coordinate (drawn from the round's key) and divides by the fixed cohort
-size, so the average carries noise of std dp_noise * C / cohort. Personal parameters never
-enter it. `refusal` names the algorithms whose server state depends on client data in
-another way (`fedjax_rep.privacy.accountant` accounts the mechanism).
+size, so the average carries noise of std dp_noise * C / cohort. With dp_poisson the
+cohort is Poisson-sampled (`poisson_mask`). Personal parameters never enter it.
+`refusal` and `run_refusal` name the algorithms and runs it cannot privatise
+(`fedjax_rep.privacy.accountant` accounts the mechanism).
 """
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from fedjax_rep.nn import conventions
 from fedjax_rep.nn.hparams import Option
 
 CLIP = Option("dp_clip", None, low=0.0, open=True, set_by_recipe=True,
@@ -22,7 +25,11 @@ CLIP = Option("dp_clip", None, low=0.0, open=True, set_by_recipe=True,
 NOISE = Option("dp_noise", 0.0, set_by_recipe=True,
                help="user-level DP: the noise multiplier, the Gaussian noise's std over "
                     "dp_clip on the sum of the cohort's clipped updates")
-OPTIONS = (CLIP, NOISE)
+POISSON = Option("dp_poisson", 0.0, flag=True, set_by_recipe=True,
+                 help="user-level DP: 1: Poisson sampling, each client joins a round with "
+                      "probability cohort / n, truncated to the cohort; 0: the fixed-size "
+                      "cohort")
+OPTIONS = (CLIP, NOISE, POISSON)
 # The hooks whose override makes a server that this mechanism cannot privatise by itself.
 ROUND_HOOKS = ("round", "masked_round", "train_clients", "server_step")
 
@@ -30,6 +37,21 @@ ROUND_HOOKS = ("round", "masked_round", "train_clients", "server_step")
 def active(hparams) -> bool:
   """Whether `hparams` ask for the mechanism (the option dp_clip is given)."""
   return CLIP.name in hparams.options
+
+
+def poisson_mask(key, num_clients: int, cohort: int, hparams) -> jax.Array | None:
+  """Which of a round's cohort [cohort] trains under Poisson sampling (the option dp_poisson
+  1), None where hparams do not ask for it (all of them train).
+
+  Of a cohort drawn uniformly without replacement in random order, the first K, K ~
+  Binomial(num_clients, cohort / num_clients) from `key`: each client joins with
+  probability cohort / num_clients, and where more than `cohort` join, a uniformly random
+  `cohort` of them train (truncated Poisson sampling, as `privacy.accountant` accounts it).
+  Returns a bool [cohort] (all True where the flag is 0) or None."""
+  if POISSON.name not in hparams.options:
+    return None
+  joined = jax.random.binomial(key, num_clients, cohort / num_clients)
+  return jnp.where(hparams.options[POISSON.name] > 0, jnp.arange(cohort) < joined, True)
 
 
 def refusal(algorithm_class) -> str | None:
@@ -45,6 +67,28 @@ def refusal(algorithm_class) -> str | None:
   if algorithm_class.overrides("server_update") and not algorithm_class.private_server:
     return ("its server_update is not an average of the clients' updates (e.g. control "
             "variates), which the mechanism does not privatise")
+  return None
+
+
+def run_refusal(algorithm, num_clients: int, hparams) -> str | None:
+  """Why `algorithm` (a neural Algorithm) cannot run under the mechanism with `hparams` on
+  num_clients clients, or None: its class's `refusal`, its sharding over devices, a cohort
+  stratified over groups (not the sampling the accountant assumes), Poisson sampling at
+  full participation, or a server that averages personal parameters (average_untrained)."""
+  flag = lambda option: np.any(np.asarray(hparams.options.get(option, 0)) > 0)
+  if (why := refusal(type(algorithm))) is not None:
+    return why
+  if algorithm.devices is not None:
+    return f"it is sharded over {algorithm.devices} devices"
+  if algorithm.cohort_groups is not None:
+    return (f"its cohort is stratified over {algorithm.cohort_groups} groups, not the "
+            f"uniform sampling the accountant assumes")
+  if algorithm.cohort >= num_clients and flag(POISSON.name):
+    return (f"Poisson sampling (dp_poisson) needs a cohort below the {num_clients} clients: "
+            f"at full participation every client trains every round")
+  if flag(conventions.FLAGS["average_untrained"].name):
+    return ("the option average_untrained makes the server average personal parameters "
+            "(starting_heads=averaged)")
   return None
 
 

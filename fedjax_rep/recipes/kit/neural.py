@@ -151,6 +151,21 @@ def dp_delta(default=None):
                      "user-level DP: the δ of (ε, δ)")
 
 
+def dp_sampling(default="cohort"):
+  return cfg.choice("user-level DP: how a round's clients are drawn, as the accountant "
+                    "accounts it: cohort (a fixed-size cohort, uniformly without "
+                    "replacement) or poisson (each client with probability cohort / n, "
+                    "truncated to the cohort)", default, privacy_accountant.SAMPLINGS)
+
+
+def dp_accountant(default=None):
+  return cfg.setting(default, cfg.Check(str, choices=privacy_accountant.ACCOUNTANTS,
+                                        optional=True,
+                                        auto="pld where it accounts the sampling (poisson, "
+                                             "or full participation), else rdp"),
+                     "user-level DP: dp-accounting's accountant, pld or rdp")
+
+
 def client_group(default=10):
   return cfg.positive_int("clients trained together in one vmap (groups run one after "
                           "another: memory vs speed)", default)
@@ -219,6 +234,8 @@ class Training(cfg.Config):
   dp_noise: float | None = dp_noise()
   dp_clip: float | None = dp_clip()
   dp_delta: float | None = dp_delta()
+  dp_sampling: str = dp_sampling()
+  dp_accountant: str | None = dp_accountant()
   summary: str = summary_statistic()
   seed: int = cfg.seed()
   client_group: int = client_group()
@@ -275,12 +292,15 @@ class Training(cfg.Config):
   def check_privacy(self) -> None:
     """ConfigError (one line) where DP is asked for and dp_epsilon and dp_noise are both
     given, an algorithm cannot be privatised (`nn.privacy.refusal`), the conventions
-    make the server average personal parameters, or the clients are sharded; or where
-    dp_delta is given without DP."""
+    make the server average personal parameters, the clients are sharded, or the
+    accountant cannot account the sampling (`privacy.accountant.accountant_for`); or where
+    dp_delta, dp_sampling or dp_accountant is given without DP."""
     if not self.private():
-      if self.dp_delta is not None:
-        raise cfg.ConfigError("dp_delta is the δ of user-level DP: give dp_epsilon (or "
-                              "dp_noise) too, or leave dp_delta out")
+      for name, what in (("dp_delta", "the δ"), ("dp_sampling", "the sampling"),
+                         ("dp_accountant", "the accountant")):
+        if getattr(self, name) != getattr(Training, name):
+          raise cfg.ConfigError(f"{name} is {what} of user-level DP: give dp_epsilon (or "
+                                f"dp_noise) too, or leave {name} out")
       return
     if self.dp_epsilon is not None and self.dp_noise is not None:
       raise cfg.ConfigError("give dp_epsilon (which calibrates the noise multiplier) or "
@@ -297,6 +317,15 @@ class Training(cfg.Config):
                             "conventions=paper)")
     if self.devices != 1:
       raise cfg.ConfigError("user-level DP runs on one device: give devices=1")
+    clients = getattr(self, "num_clients", None)
+    if isinstance(clients, int) and clients > 0:  # (not a recipe's "auto": 0)
+      n = training_count(self, clients)
+      try:
+        privacy_accountant.accountant_for(self.dp_sampling, n,
+                                          cohort_size(n, self.participation),
+                                          self.dp_accountant)
+      except ValueError as error:
+        raise cfg.ConfigError(f"user-level DP: {error}") from None
 
 
 def resolved_conventions(config) -> conventions_lib.Conventions:
@@ -470,7 +499,7 @@ def trained(batch, unit_name, name, config, model, data, keys, num_clients, grid
     if p:
       spent = privacy_accountant.epsilons(p["dp_noise"], num_clients, own.cohort,
                                           list(np.asarray(result["eval_rounds"])),
-                                          delta(s, num_clients))
+                                          delta(s, num_clients), **sampling(s))
       runs_count = next(iter(result["eval"].values())).shape[0]
       result["eval"]["dp_epsilon"] = np.tile(np.asarray(spent, np.float64), (runs_count, 1))
   flops = batch.unit(f"{unit_name}-flops", lambda: {"flops_per_round": np.float64(
@@ -494,18 +523,27 @@ def delta(config, num_clients: int) -> float:
 
 def privacy(config, num_clients: int, cohort: int) -> dict:
   """The DP options of config's runs on num_clients training clients in cohorts of
-  `cohort` ({} without DP): dp_clip (given, else DEFAULT_CLIP) and dp_noise (given, else
-  calibrated by the accountant so that config.rounds rounds spend dp_epsilon at `delta`,
-  else 0: clipping alone)."""
+  `cohort` ({} without DP): dp_clip (given, else DEFAULT_CLIP), dp_noise (given, else
+  calibrated by the accountant so that config.rounds rounds spend dp_epsilon at `delta`
+  under config's sampling, else 0: clipping alone) and, for Poisson sampling, the flag
+  dp_poisson."""
   if not config.private():
     return {}
   noise = config.dp_noise
   if noise is None:
     noise = (privacy_accountant.calibrate(config.dp_epsilon, num_clients, cohort,
-                                          config.rounds, delta(config, num_clients))
+                                          config.rounds, delta(config, num_clients),
+                                          **sampling(config))
              if config.dp_epsilon is not None else 0.0)
   clip = DEFAULT_CLIP if config.dp_clip is None else config.dp_clip
-  return {privacy_mechanism.CLIP.name: float(clip), privacy_mechanism.NOISE.name: float(noise)}
+  poisson = {privacy_mechanism.POISSON.name: 1.0} if config.dp_sampling == "poisson" else {}
+  return {privacy_mechanism.CLIP.name: float(clip), privacy_mechanism.NOISE.name: float(noise),
+          **poisson}
+
+
+def sampling(config) -> dict:
+  """The accountant's keywords for config's sampling: {"sampling", "accountant"}."""
+  return {"sampling": config.dp_sampling, "accountant": config.dp_accountant}
 
 
 def privacy_record(config) -> dict:
@@ -521,9 +559,11 @@ def privacy_record(config) -> dict:
   cohort = cohort_size(n, config.participation)
   options = privacy(config, n, cohort)
   noise, clip = options[privacy_mechanism.NOISE.name], options[privacy_mechanism.CLIP.name]
-  spent = privacy_accountant.epsilon(noise, n, cohort, config.rounds, delta(config, n))
+  spent = privacy_accountant.epsilon(noise, n, cohort, config.rounds, delta(config, n),
+                                     **sampling(config))
   recorded = privacy_accountant.record(noise, clip, delta(config, n), spent,
-                                       calibrated=config.dp_epsilon is not None)
+                                       calibrated=config.dp_epsilon is not None,
+                                       num_clients=n, cohort=cohort, **sampling(config))
   return {**recorded, "epsilon": spent if math.isfinite(spent) else "inf (no noise)"}
 
 
