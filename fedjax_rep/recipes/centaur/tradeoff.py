@@ -4,13 +4,13 @@ accuracy against the user-level ε for CENTAUR, DP-FedAvg-FT and local only.
 CENTAUR is FedRep under user-level DP (`nn.privacy`): the representation's updates are
 clipped and noised, the heads never leave the clients. DP-FedAvg-FT clips and noises the
 whole model's updates and fine-tunes the head before each evaluation. Each ε in `epsilons`
-calibrates its noise multiplier for `rounds` rounds (every ε of both methods is one
-compiled program). The authors' choices (their code's EMNIST-D tradeoff scripts): full participation,
+calibrates its noise multiplier for `rounds` rounds (every ε of both methods is one compiled
+program). The authors' choices (their code's EMNIST-D tradeoff scripts): full participation,
 15 head epochs + 2 body epochs, SGD with momentum 0.9 and no weight decay, clip 0.1
-(CENTAUR) and 0.2 (DP-FedAvg-FT), δ = 1e-5. Offline the data are scikit-learn's digits
-(MLP 64-64-32 + head) over 200 clients of 5 class shards, lr 0.05 (docs/papers/centaur.md:
-what differs from the paper and what reproduces). The summary is, per method and ε, the
-mean over seeds of each seed's mean of its last 10 evaluations.
+(CENTAUR) and 0.2 (DP-FedAvg-FT), δ = 1e-5. Offline the data are scikit-learn's digits (MLP
+64-64-32 + head) over 200 clients of 5 class shards, lr 0.05 (docs/papers/centaur.md: what
+differs from the paper and what reproduces). The summary is, per method and ε, the mean over
+seeds of each seed's mean of its last 10 evaluations.
 """
 
 import dataclasses
