@@ -92,15 +92,20 @@ def run_refusal(algorithm, num_clients: int, hparams) -> str | None:
   return None
 
 
+def shares(shared_leaves, leaf: str) -> jax.Array:
+  """Whether clients share `leaf` (bool []; traced for a family program's member), of
+  `shared_leaves` ({leaf: bool or bool []}; None: every leaf)."""
+  return jnp.asarray(True if shared_leaves is None else shared_leaves[leaf])
+
+
 def clipped_updates(reference: dict, sent: dict, weights, shared_leaves,
                     clip) -> tuple[dict, jax.Array]:
   """({leaf: [c, ...]} each client's update of the shared leaves, sent - reference, scaled
   to L2 norm at most `clip` over all its leaves (0 for a client of weight 0 and for the
   leaves it does not share), its norm before clipping [c]); the arguments as
   `private_mean`'s."""
-  keep = {p: jnp.asarray(True) if shared_leaves is None else jnp.asarray(shared_leaves[p])
-          for p in sent}
-  updates = {p: jnp.where(keep[p], sent[p] - reference[p][None], 0.0) for p in sent}
+  updates = {p: jnp.where(shares(shared_leaves, p), sent[p] - reference[p][None], 0.0)
+             for p in sent}
   norms = jnp.sqrt(sum(jnp.sum(jnp.reshape(u, (u.shape[0], -1)) ** 2, axis=1)
                        for u in updates.values()))
   scale = jnp.where(weights > 0, jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-30)), 0.0)
@@ -128,9 +133,9 @@ def private_mean(reference: dict, sent: dict, weights, shared_leaves, hparams, c
   keys = dict(zip(sent, jax.random.split(key, len(sent))))
   mean = {}
   for p, u in updates.items():
-    kept = True if shared_leaves is None else jnp.asarray(shared_leaves[p])
     drawn = jax.random.normal(keys[p], u.shape[1:], u.dtype) * noise * clip
-    mean[p] = reference[p] + (jnp.sum(u, axis=0) + jnp.where(kept, drawn, 0.0)) / cohort
+    mean[p] = reference[p] + (jnp.sum(u, axis=0)
+                              + jnp.where(shares(shared_leaves, p), drawn, 0.0)) / cohort
   trained = weights > 0
   clipped = jnp.sum(trained & (norms > clip)) / jnp.maximum(jnp.sum(trained), 1)
   return mean, {"dp_clipped": clipped.astype(jnp.float32)}

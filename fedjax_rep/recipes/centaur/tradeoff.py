@@ -80,14 +80,13 @@ class Config(partitioned.Partitioned):
     return dataclasses.replace(self, epsilons=(), dp_clip=getattr(self, clip_field),
                                dp_epsilon=epsilon)
 
-  def record(self, swept: cfg.Sweep) -> dict:
-    """`Training.record`, whose "privacy" is each private method's record at each ε
-    (`neural.privacy_record`): {method: {"ε=E": record}}."""
-    recorded = super().record(swept)
-    recorded["privacy"] = {
-        name: {f"ε={e:g}": neural.privacy_record(self.method(clip, e)) for e in self.epsilons}
-        for name, _, clip in METHODS if clip is not None}
-    return recorded
+  def privacy_records(self, swept: cfg.Sweep) -> dict:
+    """config.json's "privacy": each private method's record at each ε
+    (`neural.privacy_record`), {method: {"ε=E": record}}."""
+    del swept
+    return {name: {f"ε={e:g}": neural.privacy_record(self.method(clip, e))
+                   for e in self.epsilons}
+            for name, _, clip in METHODS if clip is not None}
 
 
 def run(config: Config, seeds: int, batch, grid=None) -> list[dict]:

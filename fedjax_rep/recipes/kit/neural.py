@@ -263,12 +263,17 @@ class Training(cfg.Config):
     given = dict(self.options)
     options = {name: given.get(name, "auto" if option.default is None else option.default)
                for name, option in sorted(self.declared_options().items())}
-    private = {label: privacy_record(c) for label, c in
-               zip(swept.labels, swept.configs) if c.private()}
-    if not swept.grid and private:
-      private = privacy_record(self)
+    private = self.privacy_records(swept)
     return {"conventions": conventions, "options": options, **precision_record(self, swept),
             **({"privacy": private} if private else {})}
+
+  def privacy_records(self, swept: cfg.Sweep) -> dict:
+    """config.json's "privacy" of this configuration under the sweep `swept`: its
+    `privacy_record` (under a grid, one per private combination, under its label); {}
+    without DP."""
+    private = {label: privacy_record(c) for label, c in
+               zip(swept.labels, swept.configs) if c.private()}
+    return privacy_record(self) if private and not swept.grid else private
 
   def declared_options(self) -> dict[str, hparams_lib.Option]:
     """{name: Option} of the traced options that the algorithms in `algorithms` declare,
@@ -317,13 +322,9 @@ class Training(cfg.Config):
                             "conventions=paper)")
     if self.devices != 1:
       raise cfg.ConfigError("user-level DP runs on one device: give devices=1")
-    clients = getattr(self, "num_clients", None)
-    if isinstance(clients, int) and clients > 0:  # (not a recipe's "auto": 0)
-      n = training_count(self, clients)
+    if (sizes := dp_sizes(self)) is not None:
       try:
-        privacy_accountant.accountant_for(self.dp_sampling, n,
-                                          cohort_size(n, self.participation),
-                                          self.dp_accountant)
+        privacy_accountant.accountant_for(self.dp_sampling, *sizes, self.dp_accountant)
       except ValueError as error:
         raise cfg.ConfigError(f"user-level DP: {error}") from None
 
@@ -541,6 +542,17 @@ def privacy(config, num_clients: int, cohort: int) -> dict:
           **poisson}
 
 
+def dp_sizes(config) -> tuple[int, int] | None:
+  """(n, cohort): config's training clients and the clients a round draws of them, where
+  its num_clients is one number; None where the recipe has several settings (Table 1's)
+  or computes it (0)."""
+  clients = getattr(config, "num_clients", None)
+  if not isinstance(clients, int) or clients <= 0:
+    return None
+  n = training_count(config, clients)
+  return n, cohort_size(n, config.participation)
+
+
 def sampling(config) -> dict:
   """The accountant's keywords for config's sampling: {"sampling", "accountant"}."""
   return {"sampling": config.dp_sampling, "accountant": config.dp_accountant}
@@ -551,12 +563,10 @@ def privacy_record(config) -> dict:
   mechanism, accountant, sampling, noise multiplier used (calibrated or given), clip, δ
   and the ε spent over its rounds), for its num_clients; where the recipe has several
   (Table 1's settings), the noise is calibrated per setting: the target and the rule."""
-  num_clients = getattr(config, "num_clients", None)
-  if not isinstance(num_clients, int):
+  if (sizes := dp_sizes(config)) is None:
     return {"dp_epsilon": config.dp_epsilon, "noise_multiplier": "calibrated per setting",
             "dp_delta": config.dp_delta or "1 / n^1.1"}
-  n = training_count(config, num_clients)
-  cohort = cohort_size(n, config.participation)
+  n, cohort = sizes
   options = privacy(config, n, cohort)
   noise, clip = options[privacy_mechanism.NOISE.name], options[privacy_mechanism.CLIP.name]
   spent = privacy_accountant.epsilon(noise, n, cohort, config.rounds, delta(config, n),
